@@ -1,0 +1,289 @@
+"""HostFacts: what the probes saw, as frozen dataclasses with a versioned JSON form.
+
+Probes (host.py, gpu.py, storage.py) are the only code that touches the host.
+Everything downstream (checks, plan) is a pure function of these records, so a
+user's `flashnext facts --json` can be replayed anywhere with `--facts FILE`.
+
+Conventions: sizes in bytes (`*_bytes`), `None` means "unlimited" where the
+field says so and "could not be read" elsewhere; a probe that fails records
+`error` instead of raising.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class FactsSchemaError(ValueError):
+    """A facts document that this launcher cannot read."""
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    mem_total_bytes: int | None = None
+    """MemTotal from /proc/meminfo."""
+    mem_available_bytes: int | None = None
+    """MemAvailable from /proc/meminfo: what can be allocated without swapping."""
+    swap_total_bytes: int | None = None
+    swap_free_bytes: int | None = None
+    hugepages_total: int | None = None
+    hugepages_free: int | None = None
+    hugepage_size_bytes: int | None = None
+    cgroup_version: str | None = None
+    """"v1", "v2", or None when the process is in no memory cgroup."""
+    cgroup_memory_limit_bytes: int | None = None
+    """memory.max (v2) / memory.limit_in_bytes (v1) of this process; None = no limit."""
+    memlock_soft_bytes: int | None = None
+    """RLIMIT_MEMLOCK soft limit; None = unlimited."""
+    memlock_hard_bytes: int | None = None
+    """RLIMIT_MEMLOCK hard limit; None = unlimited."""
+    shm_total_bytes: int | None = None
+    """Size of /dev/shm (statvfs); None when /dev/shm is missing."""
+    shm_free_bytes: int | None = None
+    ptrace_scope: int | None = None
+    """kernel.yama.ptrace_scope; None when Yama is not built in."""
+    cpu_count: int | None = None
+    """CPUs this process may run on (sched_getaffinity)."""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str
+    uuid: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    compute_capability: str
+    """"major.minor", e.g. "8.6" for the RTX 3090."""
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    persistence_mode: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    """Compute and graphics processes NVML reports on this GPU."""
+
+
+@dataclass(frozen=True)
+class P2PLink:
+    gpu_a: int
+    gpu_b: int
+    status: str
+    """NVML's P2P read status: "ok", "chipset_not_supported", "topology_not_supported", ..."""
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    nvml_available: bool = False
+    error: str | None = None
+    """Why NVML could not be used (no library, no driver, init failed)."""
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    """CUDA version the driver supports, "12.8"."""
+    devices: tuple[GpuDevice, ...] = ()
+    p2p: tuple[P2PLink, ...] = ()
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    """A leaf block device (a disk, after partitions and dm/md stacks are resolved)."""
+
+    name: str
+    rotational: bool | None = None
+    transport: str = "unknown"
+    """nvme, sata, scsi, usb, virtio, mmc, network, ram, loop, unknown."""
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class StorageFacts:
+    path: str
+    exists: bool = False
+    is_regular_file: bool = False
+    size_bytes: int | None = None
+    """File size of `path` when it is a regular file."""
+    readable: bool = False
+    mount_point: str | None = None
+    fs_type: str | None = None
+    mount_source: str | None = None
+    network: bool = False
+    """A network filesystem (nfs, cifs, ceph, 9p, fuse.sshfs, ...)."""
+    devices: tuple[BlockDevice, ...] = ()
+    """Leaf block devices backing the mount (empty for tmpfs/overlay/network)."""
+    free_bytes: int | None = None
+    error: str | None = None
+
+    @property
+    def transport(self) -> str:
+        """One word for the medium: the leaves' transport if they agree, else "mixed"."""
+        if self.network:
+            return "network"
+        kinds = {d.transport for d in self.devices}
+        if not kinds:
+            return "none"
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def rotational(self) -> bool | None:
+        """True if any leaf spins; None if unknown."""
+        flags = [d.rotational for d in self.devices]
+        if any(f is True for f in flags):
+            return True
+        if flags and all(f is False for f in flags):
+            return False
+        return None
+
+
+@dataclass(frozen=True)
+class PortFacts:
+    host: str
+    port: int
+    free: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    schema_version: int = SCHEMA_VERSION
+    collected_at: str = ""
+    hostname: str = ""
+    kernel: str = ""
+    in_container: bool = False
+    memory: MemoryFacts = field(default_factory=MemoryFacts)
+    gpu: GpuFacts = field(default_factory=GpuFacts)
+    storage: dict[str, StorageFacts] = field(default_factory=dict)
+    """Keyed by role: "table" (the PLE flat file), "model" (the checkpoint dir)."""
+    ports: tuple[PortFacts, ...] = ()
+
+
+# ---------------------------------------------------------------- JSON form
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses → dicts (recursively); tuples → lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Canonical JSON: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(to_jsonable(obj), sort_keys=True, indent=2) + "\n"
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:
+    """Rebuild a value of annotated type `tp` from its JSON form."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise FactsSchemaError(f"{where}: expected an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise FactsSchemaError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items()}
+        return tp(**kwargs)
+    if origin is tuple:
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_build(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is int and isinstance(value, bool):
+        raise FactsSchemaError(f"{where}: expected an integer, got {value!r}")
+    if tp in (int, str, bool, float) and not isinstance(value, tp):
+        raise FactsSchemaError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def host_facts_from_json(text: str, source: str = "facts") -> HostFacts:
+    """Parse a facts document, refusing versions this launcher does not know."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FactsSchemaError(f"{source}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise FactsSchemaError(f"{source}: expected a JSON object")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise FactsSchemaError(
+            f"{source}: schema_version {version!r}, this flashnext reads version "
+            f"{SCHEMA_VERSION}; re-run `flashnext facts --json` with this flashnext"
+        )
+    return _build(HostFacts, doc, source)
+
+
+# ---------------------------------------------------------------- model facts
+# Read from a checkpoint directory without touching tensor data (facts/model.py).
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    """safetensors dtype tag: "BF16", "I32", "I8", "F32", "I64", ..."""
+    shape: tuple[int, ...]
+    nbytes: int
+    file: str
+    """Shard file name (relative to the model dir)."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    file_size_bytes: int
+    header_bytes: int
+    """Length of the JSON header (the 8-byte prefix not included)."""
+    tensor_count: int
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    config: dict[str, Any]
+    """config.json as published (top level; the text part is `text_config`)."""
+    quantization_config: dict[str, Any] | None
+    generation_config: dict[str, Any] | None
+    """generation_config.json, or None when the file is absent."""
+    index_files: tuple[str, ...]
+    """Shard files named by model.safetensors.index.json (or the single file)."""
+    shards: tuple[ShardInfo, ...]
+    tensors: tuple[TensorInfo, ...]
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        return self.config.get("text_config", self.config)
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        return tuple(self.config.get("architectures") or ())
+
+    @property
+    def model_type(self) -> str | None:
+        return self.config.get("model_type")
