@@ -1,0 +1,65 @@
+"""Read byte ranges of the flat table straight from the shards' data regions (no torch)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flashnext.table.layout import PleShard, TableLayout
+
+
+class ShardReader:
+    """Random access to the table as it lies in the checkpoint; one fd per shard file."""
+
+    def __init__(self, layout: TableLayout) -> None:
+        self.layout = layout
+        self._fds: dict[str, int] = {}
+        starts, offset = [], 0
+        for shard in layout.shards:
+            starts.append(offset)
+            offset += shard.nbytes
+        self._starts = starts
+
+    def _fd(self, shard: PleShard) -> int:
+        fd = self._fds.get(shard.file)
+        if fd is None:
+            fd = os.open(Path(self.layout.model_dir) / shard.file, os.O_RDONLY)
+            self._fds[shard.file] = fd
+        return fd
+
+    def spans(self, offset: int, length: int) -> list[tuple[PleShard, int, int]]:
+        """[(shard, offset within the shard's data, length)] covering a flat byte range."""
+        out = []
+        end = offset + length
+        for shard, start in zip(self.layout.shards, self._starts, strict=True):
+            lo, hi = max(offset, start), min(end, start + shard.nbytes)
+            if lo < hi:
+                out.append((shard, lo - start, hi - lo))
+        return out
+
+    def read(self, offset: int, length: int) -> bytes:
+        parts = []
+        for shard, inner, n in self.spans(offset, length):
+            data = os.pread(self._fd(shard), n, shard.data_offset_bytes + inner)
+            if len(data) != n:
+                raise OSError(f"{shard.file}: short read at {shard.data_offset_bytes + inner}")
+            parts.append(data)
+        return b"".join(parts)
+
+    def read_row(self, row: int) -> bytes:
+        rb = self.layout.row_bytes
+        return self.read(row * rb, rb)
+
+    def fd_for(self, shard: PleShard) -> int:
+        return self._fd(shard)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
