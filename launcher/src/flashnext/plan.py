@@ -1,0 +1,339 @@
+"""The Plan: a pure function of (HostFacts, ModelFacts, Profile, user options).
+
+It answers: which layers each PP rank owns, how many bytes of weights each card
+holds, how much VRAM is left for KV (sized for the tightest rank), how large
+the pinned host K/V pools are (exact, and as PyTorch's power-of-two pinned
+allocator would round them), how much host RAM and memlock that needs, what
+the single-stream decode roofline is, and the vLLM argv/env that realise it.
+
+Every planned value carries its source ("flag", "env", "profile", "derived")
+and a one-line reason; user input beats derivation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flashnext import qsa_sizing
+from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
+from flashnext.partition import pp_layer_ranges, rank_of_layer
+from flashnext.placement import place_tensor
+from flashnext.profiles import Profile
+
+Source = Literal["flag", "env", "profile", "derived"]
+PLAN_SCHEMA_VERSION = 1
+
+
+class PlanError(ValueError):
+    """The inputs cannot be planned (the message says which and how to fix it)."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    value: Any
+    source: Source
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the user asked for; None means "derive it"."""
+
+    model_dir: str | None = None
+    table_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = "qwen3.8-flash-next"
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    pp_layer_partition: str | None = None
+    """VLLM_PP_LAYER_PARTITION from the environment, honoured like vLLM does."""
+    generation_config_dir: str | None = None
+    """Passed as --generation-config when the checkpoint's own lacks sampling keys."""
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    layers: tuple[int, int]
+    """[start, end) decoder layers."""
+    qsa_layers: tuple[int, ...]
+    weight_bytes: int
+    """Weights resident on this card, from the safetensors headers."""
+    workspace_bytes: int
+    pp_buffer_bytes: int
+    activation_bytes: int
+    kv_cache_bytes: int
+    vram_total_bytes: int
+    vram_usable_bytes: int
+    """vram_total x gpu_memory_utilization, as vLLM computes its budget."""
+
+    @property
+    def committed_bytes(self) -> int:
+        return (
+            self.weight_bytes
+            + self.workspace_bytes
+            + self.pp_buffer_bytes
+            + self.activation_bytes
+            + self.kv_cache_bytes
+        )
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.vram_usable_bytes - self.committed_bytes
+
+
+@dataclass(frozen=True)
+class DecodeRoofline:
+    dense_bytes: int
+    """Non-expert weights read once per decoded token (embedding excluded: one row)."""
+    routed_expert_bytes: int
+    """All routed experts; a token reads experts_per_token / num_experts of them."""
+    experts_per_token: int
+    num_experts: int
+    bandwidth_bytes_per_s: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.dense_bytes + self.routed_expert_bytes * self.experts_per_token // max(
+            self.num_experts, 1
+        )
+
+    @property
+    def tokens_per_s(self) -> float:
+        # PP=1 stream: the token crosses every card in turn, so the cards'
+        # bandwidths do not add up; the bound is one card's bandwidth.
+        return self.bandwidth_bytes_per_s / self.bytes_per_token if self.bytes_per_token else 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: str
+    profile_reason: str
+    pp_ranges: tuple[tuple[int, int], ...]
+    ple_layers: tuple[int, ...]
+    """Layer indices (0-based) that run the PLE n-gram embedding."""
+    ple_ranks: tuple[int, ...]
+    ranks: tuple[RankPlan, ...]
+    tightest_rank: int
+    kv_cache_memory_bytes: Planned
+    max_model_len: Planned
+    qsa: qsa_sizing.HostPools | None
+    host_ram_needed_bytes: int
+    pinned_bytes_needed: int
+    decode: DecodeRoofline
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        doc = to_jsonable(self)
+        doc["schema_version"] = PLAN_SCHEMA_VERSION
+        for rank, derived in zip(doc["ranks"], self.ranks, strict=True):
+            rank["committed_bytes"] = derived.committed_bytes
+            rank["headroom_bytes"] = derived.headroom_bytes
+        doc["decode"]["bytes_per_token"] = self.decode.bytes_per_token
+        doc["decode"]["tokens_per_s"] = round(self.decode.tokens_per_s, 2)
+        doc["plan_hash"] = hashlib.sha256(dumps(doc).encode()).hexdigest()
+        return doc
+
+
+# ---------------------------------------------------------------- derivations
+
+
+def qsa_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
+    """Full-attention (QSA) layers: every `full_attention_interval`-th layer."""
+    layer_types = text_config.get("layer_types")
+    if layer_types:
+        return tuple(i for i, kind in enumerate(layer_types) if kind == "full_attention")
+    interval = int(text_config.get("full_attention_interval", 4))
+    n = int(text_config["num_hidden_layers"])
+    return tuple(i for i in range(n) if (i + 1) % interval == 0)
+
+
+def ple_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
+    """`ple_layer_ids` are one-indexed in the config: [2] runs at layer index 1."""
+    return tuple(int(i) - 1 for i in text_config.get("ple_layer_ids") or ())
+
+
+def weights_per_rank(
+    model: ModelFacts, ranges: list[tuple[int, int]]
+) -> tuple[list[int], int, int]:
+    """Bytes per rank, plus the dense and routed-expert bytes read by decode."""
+    text = model.text_config
+    ple_dim = _ple_head_dim(text)
+    per_rank = [0] * len(ranges)
+    dense = routed = 0
+    for tensor in model.tensors:
+        spot = place_tensor(tensor.name, tensor.shape, ple_dim)
+        if spot.where in ("disk", "unused"):
+            continue
+        if spot.where == "layer":
+            per_rank[rank_of_layer(spot.layer, ranges)] += tensor.nbytes
+        elif spot.where == "first":
+            per_rank[0] += tensor.nbytes
+        else:
+            per_rank[-1] += tensor.nbytes
+        if spot.routed_expert:
+            routed += tensor.nbytes
+        elif not spot.embedding:
+            dense += tensor.nbytes
+    return per_rank, dense, routed
+
+
+def _ple_head_dim(text: dict[str, Any]) -> int | None:
+    ple_dim = text.get("ple_embed_dim")
+    heads = text.get("ple_num_heads")
+    if ple_dim and heads:
+        return int(ple_dim) // int(heads)
+    # 16 n-gram heads (2 orders x 8 heads per order) share ple_embed_dim.
+    orders = int(text.get("ngram_size", 3)) - 1
+    per_order = int(text.get("heads_per_ngram", 8))
+    return int(ple_dim) // (orders * per_order) if ple_dim else None
+
+
+def pp_buffer_for_rank(rank: int, pp_size: int, profile: Profile) -> int:
+    """Middle ranks both receive and send hidden states: the measured extra peak."""
+    return profile.memory.pp_buffer_bytes if 0 < rank < pp_size - 1 else 0
+
+
+def _vram_total(facts: HostFacts, profile: Profile) -> tuple[int, str | None]:
+    matching = [d for d in facts.gpu.devices if profile.gpu.matches(d)]
+    if len(matching) >= profile.gpu.count:
+        return min(d.memory_total_bytes for d in matching), None
+    return profile.gpu.memory_bytes, (
+        f"no {profile.gpu.count}x {profile.gpu.name} in the facts: VRAM per card taken "
+        f"from the profile ({profile.gpu.memory_bytes} bytes)"
+    )
+
+
+def plan(
+    facts: HostFacts,
+    model: ModelFacts,
+    profile: Profile,
+    options: PlanOptions,
+    profile_reason: str = "",
+) -> Plan:
+    text = model.text_config
+    pp = profile.parallel.pipeline_parallel_size
+    num_layers = int(text["num_hidden_layers"])
+    ranges = pp_layer_ranges(num_layers, pp, options.pp_layer_partition)
+    ple_layers = ple_layer_indices(text)
+    ple_ranks = tuple(sorted({rank_of_layer(i, ranges) for i in ple_layers}))
+    qsa_layers = qsa_layer_indices(text)
+    notes: list[str] = []
+
+    weights, dense, routed = weights_per_rank(model, ranges)
+    vram_total, vram_note = _vram_total(facts, profile)
+    if vram_note:
+        notes.append(vram_note)
+    usable = int(vram_total * profile.memory.gpu_memory_utilization)
+    fixed = [
+        weights[r]
+        + profile.memory.workspace_margin_bytes
+        + pp_buffer_for_rank(r, pp, profile)
+        + profile.memory.activation_reserve_bytes
+        for r in range(pp)
+    ]
+    # One --kv-cache-memory-bytes applies to every rank: size it for the
+    # rank with the least VRAM left after weights and buffers.
+    tightest = min(range(pp), key=lambda r: usable - fixed[r])
+    kv, qsa = _kv_cache_bytes(text, ranges, qsa_layers, profile, options, usable - fixed[tightest])
+
+    rank_plans = tuple(
+        RankPlan(
+            rank=r,
+            layers=ranges[r],
+            qsa_layers=tuple(i for i in qsa_layers if ranges[r][0] <= i < ranges[r][1]),
+            weight_bytes=weights[r],
+            workspace_bytes=profile.memory.workspace_margin_bytes,
+            pp_buffer_bytes=pp_buffer_for_rank(r, pp, profile),
+            activation_bytes=profile.memory.activation_reserve_bytes,
+            kv_cache_bytes=kv.value,
+            vram_total_bytes=vram_total,
+            vram_usable_bytes=usable,
+        )
+        for r in range(pp)
+    )
+    pinned = qsa.pinned_total_bytes if qsa else 0
+    host_needed = pinned + profile.memory.host_overhead_bytes
+    max_len = (
+        Planned(options.max_model_len, "flag", "--max-model-len given")
+        if options.max_model_len
+        else Planned(profile.scheduler.max_model_len, "profile", f"profile {profile.name}")
+    )
+    decode = DecodeRoofline(
+        dense_bytes=dense,
+        routed_expert_bytes=routed,
+        experts_per_token=int(text.get("num_experts_per_tok", 0)),
+        num_experts=int(text.get("num_experts", 0)),
+        bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
+    )
+    from flashnext.command import build_command  # command renders a finished plan
+
+    argv, env = build_command(profile, options, kv.value, max_len.value, qsa)
+    return Plan(
+        profile=profile.name,
+        profile_reason=profile_reason,
+        pp_ranges=tuple(ranges),
+        ple_layers=ple_layers,
+        ple_ranks=ple_ranks,
+        ranks=rank_plans,
+        tightest_rank=tightest,
+        kv_cache_memory_bytes=kv,
+        max_model_len=max_len,
+        qsa=qsa,
+        host_ram_needed_bytes=host_needed,
+        pinned_bytes_needed=pinned,
+        decode=decode,
+        argv=tuple(argv),
+        env=env,
+        notes=tuple(notes),
+    )
+
+
+def _kv_cache_bytes(
+    text: dict[str, Any],
+    ranges: list[tuple[int, int]],
+    qsa_layers: tuple[int, ...],
+    profile: Profile,
+    options: PlanOptions,
+    vram_left: int,
+) -> tuple[Planned, qsa_sizing.HostPools | None]:
+    offload = profile.qsa_offload
+    layers_per_rank = [sum(1 for i in qsa_layers if s <= i < e) for s, e in ranges]
+
+    def pools(kv: int) -> qsa_sizing.HostPools | None:
+        if not offload.enabled:
+            return None
+        return qsa_sizing.host_pools(text, layers_per_rank, kv, pinning=offload.host_pinning)
+
+    if options.kv_cache_memory_bytes is not None:
+        kv = options.kv_cache_memory_bytes
+        return Planned(kv, "flag", "--kv-cache-memory-bytes given"), pools(kv)
+
+    cap = profile.memory.kv_cache_memory_bytes_max
+    kv, why = (vram_left, "VRAM left on the tightest rank") if vram_left < cap else (
+        cap,
+        f"profile cap (VRAM left on the tightest rank: {vram_left} bytes)",
+    )
+    if kv <= 0:
+        raise PlanError(
+            f"no VRAM left for the KV cache: the tightest rank is short by {-kv} bytes; "
+            "use GPUs with more memory or move layers with VLLM_PP_LAYER_PARTITION"
+        )
+    if offload.enabled:
+        fitted = qsa_sizing.largest_kv_within_host_cap(
+            text, layers_per_rank, kv, offload.max_host_bytes, offload.host_pinning
+        )
+        if fitted < kv:
+            why += f"; lowered to keep each rank's pinned pools within {offload.max_host_bytes}"
+            kv = fitted
+        if offload.host_pinning == "pow2":
+            fitted = qsa_sizing.largest_kv_below_pow2(text, layers_per_rank, kv)
+            if fitted < kv:
+                why += "; lowered so no pinned pool crosses a power of two"
+                kv = fitted
+    return Planned(kv, "derived", why), pools(kv)
