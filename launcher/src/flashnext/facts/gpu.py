@@ -1,0 +1,190 @@
+"""GPU probe through NVML (nvidia-ml-py's `pynvml`).
+
+The NVML module is a parameter: production passes nothing and the real
+`pynvml` is imported; tests pass a replay of a recorded machine that
+implements the same functions. Values are normalised here because pynvml
+versions differ in shape (bytes vs str names; NVMLError subclasses per code).
+`probe_gpus` never raises: no library, no driver or a failed init is a fact
+(`nvml_available=False` with the reason), and a field one GPU does not
+support is None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import ModuleType
+from typing import Any
+
+from flashnext.facts.schema import GpuDevice, GpuFacts, GpuProcess, P2PLink
+
+# nvmlGpuP2PStatus_t values (nvml.h); the names are what facts and checks use.
+P2P_STATUS_NAMES = {
+    0: "ok",
+    1: "chipset_not_supported",
+    2: "gpu_not_supported",
+    3: "topology_not_supported",
+    4: "disabled_by_regkey",
+    5: "not_supported",
+    6: "unknown",
+}
+
+# What to do about an NVML init failure, keyed by nvmlReturn_t code.
+_INIT_HINTS = {
+    9: "the NVIDIA kernel module is not loaded: install the driver or `modprobe nvidia`",
+    12: (
+        "libnvidia-ml.so.1 was not found: no NVIDIA driver on this host, or a container "
+        "started without GPU access (podman --device nvidia.com/gpu=all, docker --gpus all)"
+    ),
+    4: "insufficient permissions on /dev/nvidia*: run as a user in the video group",
+    18: "the driver's user-space library and kernel module differ: reboot or reload the driver",
+}
+
+
+def _text(value: Any) -> str:
+    """pynvml returns bytes before 11.515 and str after; facts hold str."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _error_text(exc: BaseException) -> str:
+    code = getattr(exc, "value", None)
+    return f"{exc} (NVML code {code})" if code is not None else str(exc)
+
+
+def _optional(nvml: ModuleType, fn: str, *args: Any) -> Any:
+    """Call nvml.<fn>; None when NVML says the device cannot answer (not supported, ...)."""
+    try:
+        return getattr(nvml, fn)(*args)
+    except (nvml.NVMLError, AttributeError):
+        return None
+
+
+def cuda_version_text(value: int) -> str:
+    """nvmlSystemGetCudaDriverVersion's 12080 → "12.8" (NVML encodes 1000*major + 10*minor)."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def _processes(nvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...]:
+    by_pid: dict[int, GpuProcess] = {}
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        for proc in _optional(nvml, fn, handle) or ():
+            pid = int(proc.pid)
+            used = getattr(proc, "usedGpuMemory", None)  # None when the driver cannot tell
+            name = _optional(nvml, "nvmlSystemGetProcessName", pid)
+            seen = by_pid.get(pid)
+            if seen is not None and (used is None or (seen.used_memory_bytes or 0) >= used):
+                continue  # a process using both APIs is listed twice; keep the larger figure
+            by_pid[pid] = GpuProcess(
+                pid=pid,
+                used_memory_bytes=None if used is None else int(used),
+                name=None if name is None else _text(name),
+            )
+    return tuple(by_pid[pid] for pid in sorted(by_pid))
+
+
+def _device(nvml: ModuleType, index: int, handle: Any) -> GpuDevice:
+    """Read one GPU; the required fields raise NVMLError, the optional ones become None."""
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    persistence = _optional(nvml, "nvmlDeviceGetPersistenceMode", handle)
+
+    def pcie(fn: str) -> int | None:
+        value = _optional(nvml, fn, handle)
+        return None if value is None else int(value)
+
+    return GpuDevice(
+        index=index,
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        memory_total_bytes=int(memory.total),
+        memory_free_bytes=int(memory.free),
+        compute_capability=f"{major}.{minor}",
+        # The current generation drops at idle to save power (a 3090 idles at Gen1);
+        # the max is what the link trains to under load.
+        pcie_gen_current=pcie("nvmlDeviceGetCurrPcieLinkGeneration"),
+        pcie_gen_max=pcie("nvmlDeviceGetMaxPcieLinkGeneration"),
+        pcie_width_current=pcie("nvmlDeviceGetCurrPcieLinkWidth"),
+        pcie_width_max=pcie("nvmlDeviceGetMaxPcieLinkWidth"),
+        persistence_mode=None if persistence is None else persistence == 1,
+        processes=_processes(nvml, handle),
+    )
+
+
+def _p2p(nvml: ModuleType, handles: dict[int, Any]) -> tuple[P2PLink, ...]:
+    """P2P read status for every ordered pair: NVML asks whether A can read B's memory."""
+    read = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    links = []
+    for a, ha in handles.items():
+        for b, hb in handles.items():
+            if a == b:
+                continue
+            try:
+                status = P2P_STATUS_NAMES.get(int(nvml.nvmlDeviceGetP2PStatus(ha, hb, read)))
+            except nvml.NVMLError:
+                status = None
+            links.append(P2PLink(gpu_a=a, gpu_b=b, status=status or "unknown"))
+    return tuple(links)
+
+
+def _import_pynvml() -> ModuleType | str:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError as exc:
+        return f"nvidia-ml-py is not installed ({exc}); install it: pip install nvidia-ml-py"
+    return pynvml
+
+
+def probe_gpus(nvml: ModuleType | None = None) -> GpuFacts:
+    """GPU facts through NVML; `nvml` defaults to the real pynvml module. Never raises."""
+    if nvml is None:
+        loaded = _import_pynvml()
+        if isinstance(loaded, str):
+            return GpuFacts(nvml_available=False, error=loaded)
+        nvml = loaded
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        hint = _INIT_HINTS.get(getattr(exc, "value", None), "")
+        reason = f"NVML init failed: {_error_text(exc)}"
+        return GpuFacts(nvml_available=False, error=f"{reason}; {hint}" if hint else reason)
+    except Exception as exc:  # a broken install must not crash `flashnext facts`
+        return GpuFacts(nvml_available=False, error=f"NVML init failed: {exc!r}")
+    try:
+        return _probe_initialised(nvml)
+    except Exception as exc:
+        return GpuFacts(nvml_available=True, error=f"NVML query failed: {exc!r}")
+    finally:
+        with contextlib.suppress(Exception):  # nothing useful to do if shutdown fails
+            nvml.nvmlShutdown()
+
+
+def _probe_initialised(nvml: ModuleType) -> GpuFacts:
+    errors = []
+    driver = _optional(nvml, "nvmlSystemGetDriverVersion")
+    cuda = _optional(nvml, "nvmlSystemGetCudaDriverVersion")
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError as exc:
+        return GpuFacts(
+            nvml_available=True,
+            error=f"nvmlDeviceGetCount failed: {_error_text(exc)}",
+            driver_version=None if driver is None else _text(driver),
+            cuda_driver_version=None if cuda is None else cuda_version_text(int(cuda)),
+        )
+    devices = []
+    handles: dict[int, Any] = {}
+    for index in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            devices.append(_device(nvml, index, handle))
+            handles[index] = handle
+        except nvml.NVMLError as exc:
+            # A lost or inaccessible GPU is left out of `devices`; the error names it.
+            errors.append(f"GPU {index}: {_error_text(exc)}")
+    return GpuFacts(
+        nvml_available=True,
+        error="; ".join(errors) or None,
+        driver_version=None if driver is None else _text(driver),
+        cuda_driver_version=None if cuda is None else cuda_version_text(int(cuda)),
+        devices=tuple(devices),
+        p2p=_p2p(nvml, handles),
+    )
