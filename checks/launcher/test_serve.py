@@ -1,0 +1,267 @@
+"""serve.supervise against the stand-in `vllm`, started through PATH like the real one."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
+from flashnext import serve  # noqa: E402
+from harness import MODEL_NAME, free_port, serve_argv, standin_env, urls  # noqa: E402
+
+FAST = {"poll_interval_s": 0.05, "progress_interval_s": 0.5, "stop_timeout_s": 5.0}
+
+
+def run_supervise(env_overrides: dict[str, str] | None = None, **kwargs):
+    port = free_port()
+    log = io.StringIO()
+    ready: list[serve.ReadyInfo] = []
+    options = {
+        "model_name": MODEL_NAME,
+        "api_key": None,
+        "startup_timeout_s": 20.0,
+        "health_interval_s": 0.2,
+        **FAST,
+        **urls(port),
+        **kwargs,
+    }
+    rc = serve.supervise(
+        serve_argv(port, max_model_len=131072),
+        standin_env(**(env_overrides or {})),
+        log_stream=log,
+        on_ready=ready.append,
+        **options,
+    )
+    return rc, log.getvalue(), ready
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rpartition(")")[2].split()[0] != "Z"
+
+
+# ---------------------------------------------------------------- failures after ready
+
+
+def test_child_exit_reports_code_and_output_tail():
+    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.5", "STANDIN_EXIT_CODE": "3"})
+    assert rc == 1
+    assert len(ready) == 1  # it was ready first
+    assert "flashnext: error: the server exited with code 3\n" in log
+    tail = log.split("last lines of the server's output:\n", 1)[1]
+    assert "RuntimeError: stand-in told to exit" in tail
+
+
+def test_child_killed_by_signal_names_the_signal():
+    rc, log, _ = run_supervise({"STANDIN_EXIT_AFTER_S": "0.3", "STANDIN_EXIT_SIGNAL": "9"})
+    assert rc == 1
+    assert "flashnext: error: the server was killed by SIGKILL (9)\n" in log
+
+
+def test_engine_death_while_http_answers_is_fatal():
+    rc, log, ready = run_supervise({"STANDIN_ENGINE_DIE_AFTER_S": "1.5"})
+    assert rc == 1 and ready
+    m = re.search(r"watching engine processes: VLLM::EngineCore_DP0 \((\d+)\)", log)
+    assert m, log
+    pid = m.group(1)
+    assert (
+        f"flashnext: error: engine process VLLM::EngineCore_DP0 (pid {pid}) exited while the "
+        "HTTP server still answers (/health: 200)\n"
+    ) in log
+    assert "EngineCore encountered a fatal error (stand-in)" in log
+
+
+def test_health_failing_n_times_in_a_row_is_fatal():
+    rc, log, ready = run_supervise(
+        {"STANDIN_HEALTH_FAIL_AFTER_S": "0.5"}, health_interval_s=0.1, health_failures_max=3
+    )
+    assert rc == 1 and ready
+    assert "/health failed (HTTP 503: ), 1 of 3 in a row" in log
+    assert "/health failed (HTTP 503: ), 2 of 3 in a row" in log
+    assert "flashnext: error: http://127.0.0.1:" in log
+    assert "/health failed 3 times in a row; the engine is not serving\n" in log
+
+
+# ---------------------------------------------------------------- failures before ready
+
+
+def test_startup_timeout_prints_progress_and_stops_the_child():
+    t0 = time.monotonic()
+    rc, log, ready = run_supervise({"STANDIN_HANG": "1"}, startup_timeout_s=1.6)
+    assert rc == 1 and not ready
+    assert time.monotonic() - t0 < 10
+    assert "flashnext: waiting for /health (0s)" in log or "waiting for /health (1s)" in log
+    assert "/health did not answer 200 within 1.6s (last: no answer); raise --startup-timeout" in (
+        log
+    )
+    assert "loading weights (told to hang)" in log  # the child's own output is streamed
+
+
+def test_child_dying_during_startup_is_reported():
+    rc, log, ready = run_supervise({"STANDIN_LOAD_S": "abc"})  # the stand-in crashes on it
+    assert rc == 1 and not ready
+    assert "flashnext: error: the server exited with code 1\n" in log
+    assert "ValueError: could not convert string to float: 'abc'" in log
+
+
+def test_smoke_failure_is_fatal():
+    rc, log, ready = run_supervise({"STANDIN_COMPLETION_FAIL": "1"})
+    assert rc == 1 and not ready
+    assert "smoke test failed: http://127.0.0.1:" in log
+    assert "/v1/completions: HTTP 500: stand-in told to fail completions\n" in log
+
+
+def test_wrong_model_name_is_reported_with_what_is_served():
+    rc, log, _ = run_supervise(model_name="other-model")
+    assert rc == 1
+    assert f"model 'other-model' not served (served: {MODEL_NAME})" in log
+
+
+def test_api_key_is_sent_and_required():
+    rc, log, _ = run_supervise({"VLLM_API_KEY": "sekret"}, api_key=None)
+    assert rc == 1
+    assert "/v1/models: HTTP 401: Unauthorized" in log
+    rc, log, ready = run_supervise(
+        {"VLLM_API_KEY": "sekret", "STANDIN_EXIT_AFTER_S": "0.2"}, api_key="sekret"
+    )
+    assert ready and ready[0].model_name == MODEL_NAME
+
+
+def test_missing_binary_says_how_to_get_it():
+    log = io.StringIO()
+    env = standin_env()
+    env["PATH"] = "/nonexistent"
+    rc = serve.supervise(
+        ["vllm", "serve", "m"], env, model_name="m", api_key=None, startup_timeout_s=1,
+        log_stream=log, **urls(1),
+    )  # fmt: skip
+    assert rc == 1
+    assert log.getvalue() == (
+        "flashnext: error: 'vllm' not found on the server's PATH; build the pinned env with "
+        "`pins/build-env` and put ENV/venv/bin first on PATH\n"
+    )
+
+
+# ---------------------------------------------------------------- ready report
+
+
+def test_ready_reports_url_model_and_context_length():
+    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.3"})
+    (info,) = ready
+    assert info.model_name == MODEL_NAME
+    assert info.max_model_len == 131072
+    assert info.base_url.endswith("/v1")
+    assert info.smoke_text == "".join(f" tok{i}" for i in range(8))
+    assert re.search(
+        rf"flashnext: ready: {re.escape(info.base_url)} serving '{MODEL_NAME}', "
+        r"context 131072 tokens, started in \d+\.\ds\n",
+        log,
+    )
+
+
+# ---------------------------------------------------------------- signals (supervisor as a process)
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    from flashnext import serve
+    argv, env, kw = json.loads(sys.argv[1])
+    sys.exit(serve.supervise(argv, env, **kw))
+    """
+)
+
+
+def start_driver(env_overrides: dict[str, str], stop_timeout_s: float = 5.0):
+    import json
+
+    port = free_port()
+    kw = {
+        "model_name": MODEL_NAME, "api_key": None, "startup_timeout_s": 20.0,
+        "poll_interval_s": 0.05, "stop_timeout_s": stop_timeout_s, **urls(port),
+    }  # fmt: skip
+    arg = json.dumps([serve_argv(port), standin_env(**env_overrides), kw])
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, arg],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 20.0) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    proc.kill()
+    raise AssertionError(f"{needle!r} not seen:\n{''.join(seen)}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_is_forwarded_and_the_group_stops(sig):
+    proc = start_driver({})
+    seen = read_until(proc, "watching engine processes")
+    engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", seen).group(1))
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, rest
+    assert f"flashnext: received {sig.name}, stopping the server\n" in rest
+    assert f"received signal {int(sig)}, shutting down" in rest  # the child got the same signal
+    assert not pid_alive(engine_pid)
+
+
+def test_sigterm_escalates_to_sigkill_after_the_timeout():
+    proc = start_driver({"STANDIN_IGNORE_SIGTERM": "1"}, stop_timeout_s=1.0)
+    seen = read_until(proc, "watching engine processes")
+    engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", seen).group(1))
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 1, rest
+    assert "ignoring signal 15" in rest
+    assert "flashnext: server did not stop within 1s of SIGTERM; SIGKILL\n" in rest
+    assert 1.0 <= time.monotonic() - t0 < 10
+    assert not pid_alive(engine_pid)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def test_api_key_from_file_beats_env(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("from-file\n")
+    assert serve.load_api_key({"VLLM_API_KEY": "from-env"}, key) == "from-file"
+    assert serve.load_api_key({"VLLM_API_KEY": "from-env"}) == "from-env"
+    assert serve.load_api_key({}) is None
+
+
+def test_api_key_file_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(serve.ServeError, match="is empty; write the key on its first line"):
+        serve.load_api_key({}, empty)
+    with pytest.raises(serve.ServeError, match="cannot read the API key file .*No such file"):
+        serve.load_api_key({}, tmp_path / "missing")
+
+
+def test_describe_exit():
+    assert serve.describe_exit(0) == "exited with code 0"
+    assert serve.describe_exit(-15) == "was killed by SIGTERM (15)"
+    assert serve.describe_exit(-signal.SIGSEGV) == "was killed by SIGSEGV (11)"

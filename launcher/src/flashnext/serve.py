@@ -1,0 +1,525 @@
+"""Supervise `vllm serve`: start it, wait until it really serves, then watch it.
+
+What it does, in order (TGI's launcher is the model):
+1. start the child in its own process group, stream its output, keep a tail;
+2. forward SIGINT/SIGTERM to the group; SIGTERM → `stop_timeout_s` → SIGKILL;
+3. wait for `/health` (connection refused while vLLM loads) with a timeout and a
+   "waiting for /health (Ns)" line every `progress_interval_s`;
+4. read `/v1/models` (model name, context length) and send one smoke completion;
+5. report ready, then keep watching: the child exiting, `/health` failing
+   `health_failures_max` times in a row, or a vLLM engine process (titled
+   `VLLM::...` by vLLM's setproctitle) vanishing while HTTP still answers all
+   end the run with a non-zero exit and the child's output tail.
+
+This is the only module that execs (STYLE.md); it never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+ENGINE_TITLE_PREFIX = "VLLM::"
+"""vLLM names its engine and worker processes `VLLM::EngineCore_DP0`, `VLLM::Worker_PP1`..."""
+
+SMOKE_PROMPT = "The capital of Japan is"
+
+
+class ServeError(Exception):
+    """A problem the user can fix before starting (bad key file, missing binary)."""
+
+
+@dataclass(frozen=True)
+class ReadyInfo:
+    """What the server said about itself once it answered a completion."""
+
+    base_url: str
+    model_name: str
+    max_model_len: int | None
+    startup_s: float
+    smoke_text: str
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def load_api_key(env: Mapping[str, str], key_file: str | Path | None = None) -> str | None:
+    """The API key vLLM will demand: from `key_file` if given, else `VLLM_API_KEY`.
+
+    A key file must hold the key on its first line; an empty or unreadable file is an
+    error rather than silently serving without a key.
+    """
+    if key_file is not None:
+        path = Path(key_file)
+        try:
+            key = path.read_text().strip().splitlines()[0:1]
+        except OSError as exc:
+            raise ServeError(
+                f"cannot read the API key file {path}: {exc.strerror}; "
+                "pass --api-key-file with a readable file, or set VLLM_API_KEY"
+            ) from exc
+        if not key or not key[0].strip():
+            raise ServeError(f"the API key file {path} is empty; write the key on its first line")
+        return key[0].strip()
+    return env.get("VLLM_API_KEY") or None
+
+
+def resolve_executable(argv: list[str], env: Mapping[str, str]) -> str:
+    """Find argv[0] the way the child's exec will (the child's PATH), or say how to get it."""
+    if not argv:
+        raise ServeError("empty command line for the server")
+    found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+    if found is None:
+        raise ServeError(
+            f"{argv[0]!r} not found on the server's PATH; build the pinned env with "
+            "`pins/build-env` and put ENV/venv/bin first on PATH"
+        )
+    return found
+
+
+# ---------------------------------------------------------------- child process
+
+
+class ChildOutput:
+    """Copies the child's stdout/stderr lines to `sink` and keeps the last `keep` lines."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sink: IO[str], keep: int = 40) -> None:
+        self.tail: deque[str] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+        self._sink = sink
+        self._threads = [
+            threading.Thread(target=self._pump, args=(stream,), daemon=True)
+            for stream in (proc.stdout, proc.stderr)
+            if stream is not None
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.tail.append(line)
+                self._sink.write(line + "\n")
+                self._sink.flush()
+        stream.close()
+
+    def drain(self, timeout_s: float = 2.0) -> None:
+        """Wait briefly for the pipes to empty after the child exits."""
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def tail_text(self) -> str:
+        with self._lock:
+            return "\n".join(self.tail)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by {name} ({sig})"
+    return f"exited with code {returncode}"
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop_child(
+    proc: subprocess.Popen[bytes], sig: int, timeout_s: float, say: Callable[[str], None]
+) -> bool:
+    """Send `sig` to the child's group; SIGKILL it after `timeout_s`. True if it stopped itself."""
+    pgid = proc.pid  # start_new_session=True: the child leads its own group
+    if proc.poll() is None:
+        signal_group(pgid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            say(f"server did not stop within {timeout_s:g}s of {signal.Signals(sig).name}; SIGKILL")
+            signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            return False
+    # Engine/worker processes outlive a dead API server; leave none behind.
+    signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+# ---------------------------------------------------------------- /proc
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")[0].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def engine_processes(root_pid: int) -> dict[int, str]:
+    """Descendants of `root_pid` that vLLM titled `VLLM::...` (engine core, workers)."""
+    children = _children_map()
+    found: dict[int, str] = {}
+    todo = list(children.get(root_pid, ()))
+    while todo:
+        pid = todo.pop()
+        title = _cmdline(pid)
+        if title.startswith(ENGINE_TITLE_PREFIX):
+            found[pid] = title
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def _request(
+    url: str, api_key: str | None, timeout_s: float, body: dict[str, Any] | None = None
+) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered (refused, reset, timed out)."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def _error_text(status: int, body: bytes) -> str:
+    if status == 0:
+        return "no answer"
+    try:
+        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+
+
+def models_url_for(completion_url: str) -> str:
+    base, sep, _ = completion_url.rpartition("/completions")
+    if not sep:
+        raise ServeError(f"completion URL {completion_url!r} does not end in /completions")
+    return base + "/models"
+
+
+def read_model_card(
+    models_url: str, model_name: str, api_key: str | None, timeout_s: float
+) -> tuple[int | None, str | None]:
+    """(max_model_len, error) from /v1/models for `model_name`."""
+    status, body = _request(models_url, api_key, timeout_s)
+    if status != 200:
+        return None, f"{models_url}: {_error_text(status, body)}"
+    try:
+        cards = json.loads(body)["data"]
+    except (ValueError, KeyError, TypeError):
+        return None, f"{models_url}: not an OpenAI model list"
+    for card in cards:
+        if card.get("id") == model_name:
+            return card.get("max_model_len"), None
+    names = ", ".join(str(c.get("id")) for c in cards) or "none"
+    return None, f"{models_url}: model {model_name!r} not served (served: {names})"
+
+
+def smoke_completion(
+    completion_url: str, model_name: str, api_key: str | None, timeout_s: float
+) -> tuple[str | None, str | None]:
+    """(generated text, error) of one short greedy completion."""
+    body = {"model": model_name, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0}
+    status, raw = _request(completion_url, api_key, timeout_s, body)
+    if status != 200:
+        return None, f"{completion_url}: {_error_text(status, raw)}"
+    try:
+        doc = json.loads(raw)
+        text = doc["choices"][0]["text"]
+        generated = doc["usage"]["completion_tokens"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, f"{completion_url}: answer is not an OpenAI completion"
+    if not generated:
+        return None, f"{completion_url}: the completion generated no tokens"
+    return text, None
+
+
+# ---------------------------------------------------------------- supervision
+
+
+class _Signals:
+    """Records SIGINT/SIGTERM for the main loop (which forwards them) while installed."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def supervise(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    health_url: str,
+    completion_url: str,
+    model_name: str,
+    api_key: str | None,
+    startup_timeout_s: float,
+    models_url: str | None = None,
+    progress_interval_s: float = 10.0,
+    poll_interval_s: float = 0.5,
+    health_interval_s: float = 5.0,
+    health_failures_max: int = 3,
+    request_timeout_s: float = 10.0,
+    smoke_timeout_s: float = 300.0,
+    stop_timeout_s: float = 30.0,
+    log_stream: IO[str] | None = None,
+    on_ready: Callable[[ReadyInfo], None] | None = None,
+) -> int:
+    """Run `argv` with exactly `env`, supervise it until it ends or we are told to stop.
+
+    Returns 0 when a forwarded SIGINT/SIGTERM stopped the server cleanly, 1 on any
+    failure (startup timeout, smoke request failed, child died, health lost).
+    """
+    out = log_stream or sys.stderr
+
+    def say(msg: str) -> None:
+        out.write(f"flashnext: {msg}\n")
+        out.flush()
+
+    try:
+        executable = resolve_executable(argv, env)
+        models_url = models_url or models_url_for(completion_url)
+    except ServeError as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+
+    with _Signals() as signals:
+        started = time.monotonic()
+        say(f"starting: {' '.join(argv)}")
+        proc = subprocess.Popen(
+            argv,
+            executable=executable,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: signals reach engine and workers
+        )
+        output = ChildOutput(proc, out)
+        watch = _Watch(proc, output, say, signals, stop_timeout_s)
+        try:
+            ready = watch.until_ready(
+                health_url, models_url, completion_url, model_name, api_key,
+                startup_timeout_s, progress_interval_s, poll_interval_s,
+                request_timeout_s, smoke_timeout_s, started,
+            )  # fmt: skip
+            if ready is None:
+                return watch.result
+            say(
+                f"ready: {ready.base_url} serving {ready.model_name!r}, context "
+                f"{ready.max_model_len if ready.max_model_len is not None else 'unknown'} "
+                f"tokens, started in {ready.startup_s:.1f}s"
+            )
+            if on_ready is not None:
+                on_ready(ready)
+            return watch.while_serving(
+                health_url, api_key, poll_interval_s, health_interval_s,
+                health_failures_max, request_timeout_s,
+            )  # fmt: skip
+        finally:
+            if proc.poll() is None:  # an exception escaped: never leave vLLM behind
+                stop_child(proc, signal.SIGTERM, stop_timeout_s, say)
+            output.drain()
+
+
+class _Watch:
+    """The two phases of supervision, sharing the child and the shutdown path."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        output: ChildOutput,
+        say: Callable[[str], None],
+        signals: _Signals,
+        stop_timeout_s: float,
+    ) -> None:
+        self.proc = proc
+        self.output = output
+        self.say = say
+        self.signals = signals
+        self.stop_timeout_s = stop_timeout_s
+        self.result = EXIT_FAILED
+
+    def fail(self, why: str) -> int:
+        """Stop the child (if alive), print why with its output tail, return 1."""
+        still_running = self.proc.poll() is None
+        if still_running:
+            stop_child(self.proc, signal.SIGTERM, self.stop_timeout_s, self.say)
+        self.output.drain()
+        tail = self.output.tail_text()
+        self.say(f"error: {why}")
+        if tail:
+            self.say(f"last lines of the server's output:\n{tail}")
+        self.result = EXIT_FAILED
+        return EXIT_FAILED
+
+    def check_child_and_signals(self) -> int | None:
+        """An exit code if the run is over (we were told to stop, or the child died)."""
+        if self.signals.received is not None:
+            sig = self.signals.received
+            name = signal.Signals(sig).name
+            self.say(f"received {name}, stopping the server")
+            clean = stop_child(self.proc, sig, self.stop_timeout_s, self.say)
+            self.output.drain()
+            self.result = EXIT_OK if clean else EXIT_FAILED
+            return self.result
+        rc = self.proc.poll()
+        if rc is not None:
+            signal_group(self.proc.pid, signal.SIGKILL)  # orphaned engine/workers
+            return self.fail(f"the server {describe_exit(rc)}")
+        return None
+
+    def until_ready(
+        self,
+        health_url: str,
+        models_url: str,
+        completion_url: str,
+        model_name: str,
+        api_key: str | None,
+        startup_timeout_s: float,
+        progress_interval_s: float,
+        poll_interval_s: float,
+        request_timeout_s: float,
+        smoke_timeout_s: float,
+        started: float,
+    ) -> ReadyInfo | None:
+        next_progress = started + progress_interval_s
+        while True:
+            if self.check_child_and_signals() is not None:
+                return None
+            now = time.monotonic()
+            status, _ = _request(health_url, None, min(request_timeout_s, poll_interval_s * 4))
+            if status == 200:
+                break
+            if now - started >= startup_timeout_s:
+                self.fail(
+                    f"{health_url} did not answer 200 within {startup_timeout_s:g}s "
+                    f"(last: {_error_text(status, b'') if status else 'no answer'}); "
+                    "raise --startup-timeout if loading is just slow"
+                )
+                return None
+            if now >= next_progress:
+                self.say(f"waiting for /health ({now - started:.0f}s)")
+                next_progress += progress_interval_s
+            time.sleep(poll_interval_s)
+
+        max_model_len, err = read_model_card(models_url, model_name, api_key, request_timeout_s)
+        if err is None:
+            text, err = smoke_completion(completion_url, model_name, api_key, smoke_timeout_s)
+        if err is not None:
+            self.fail(f"smoke test failed: {err}")
+            return None
+        if self.check_child_and_signals() is not None:
+            return None
+        base_url = completion_url.rpartition("/completions")[0]
+        return ReadyInfo(base_url, model_name, max_model_len, time.monotonic() - started, text)
+
+    def while_serving(
+        self,
+        health_url: str,
+        api_key: str | None,
+        poll_interval_s: float,
+        health_interval_s: float,
+        health_failures_max: int,
+        request_timeout_s: float,
+    ) -> int:
+        engines = engine_processes(self.proc.pid)
+        if engines:
+            names = ", ".join(f"{t} ({p})" for p, t in sorted(engines.items()))
+            self.say(f"watching engine processes: {names}")
+        else:
+            self.say("no VLLM:: engine processes found; watching /health only")
+        failures = 0
+        next_health = time.monotonic() + health_interval_s
+        while True:
+            done = self.check_child_and_signals()
+            if done is not None:
+                return done
+            alive = engine_processes(self.proc.pid)
+            lost = {p: t for p, t in engines.items() if p not in alive}
+            if lost:
+                pid, title = sorted(lost.items())[0]
+                status, _ = _request(health_url, None, request_timeout_s)
+                http = "still answers" if status else "does not answer"
+                return self.fail(
+                    f"engine process {title} (pid {pid}) exited while the HTTP server "
+                    f"{http} (/health: {status or 'no answer'})"
+                )
+            if time.monotonic() >= next_health:
+                next_health += health_interval_s
+                status, body = _request(health_url, None, request_timeout_s)
+                if status == 200:
+                    failures = 0
+                else:
+                    failures += 1
+                    self.say(
+                        f"/health failed ({_error_text(status, body)}), "
+                        f"{failures} of {health_failures_max} in a row"
+                    )
+                    if failures >= health_failures_max:
+                        return self.fail(
+                            f"{health_url} failed {failures} times in a row; the engine is "
+                            "not serving"
+                        )
+            time.sleep(poll_interval_s)
