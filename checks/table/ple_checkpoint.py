@@ -14,6 +14,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashnext.facts.model_derived import ple_shard_rows
+
 DIM = 160
 ROW_BYTES = DIM * 2  # BF16
 
@@ -23,12 +25,13 @@ class Checkpoint:
     path: Path
     shards: int
     rows_per_shard: int
+    """Rows of every shard but the last."""
     flat: bytes
     """The expected flat table: shard data in shard order."""
 
     @property
     def rows(self) -> int:
-        return self.shards * self.rows_per_shard
+        return len(self.flat) // ROW_BYTES
 
 
 def _write_safetensors(path: Path, tensors: list[tuple[str, str, list[int], bytes]]) -> None:
@@ -51,9 +54,13 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, str, list[int], byte
 
 
 def make_checkpoint(
-    path: Path, *, shards: int = 8, rows_per_shard: int = 256, files: int = 3, seed: int = 0
+    path: Path, *, shards: int = 8, vocab_base: int = 128, files: int = 3, seed: int = 0
 ) -> Checkpoint:
     """A Qwen4Exp-shaped checkpoint dir whose PLE shards are spread over `files` files.
+
+    The table has as many rows as vLLM derives from `ngram_vocab_size_base`
+    (16 primes from vocab_base, rounded up to 128), split into `shards` parts;
+    the last shard is shorter whenever the split is uneven, as in vLLM.
 
     Shards go to files round-robin in reverse, so file order != shard order, and
     each file also holds an unrelated tensor before the shards (non-zero offsets).
@@ -67,6 +74,8 @@ def make_checkpoint(
         "ngram_size": 3,
         "heads_per_ngram": 8,
         "split_ngram_parts": shards,
+        "ngram_vocab_size_base": vocab_base,
+        "make_ngram_vocab_size_divisible_by": 128,
     }
     config = {
         "architectures": ["Qwen4ExpForConditionalGeneration"],
@@ -75,14 +84,15 @@ def make_checkpoint(
     }
     (path / "config.json").write_text(json.dumps(config, indent=2))
     prefix = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding"
-    shard_data = [rng.randbytes(rows_per_shard * ROW_BYTES) for _ in range(shards)]
+    shard_rows = ple_shard_rows(text_config)
+    shard_data = [rng.randbytes(rows * ROW_BYTES) for rows in shard_rows]
     per_file: dict[int, list[tuple[str, str, list[int], bytes]]] = {
         i: [(f"model.language_model.layers.{i}.mlp.gate.weight", "BF16", [4, 8], rng.randbytes(64))]
         for i in range(files)
     }
     for i in reversed(range(shards)):
         per_file[i % files].append(
-            (f"{prefix}.shard_{i}.weight", "BF16", [rows_per_shard, DIM], shard_data[i])
+            (f"{prefix}.shard_{i}.weight", "BF16", [shard_rows[i], DIM], shard_data[i])
         )
     weight_map = {}
     for i, tensors in per_file.items():
@@ -91,4 +101,4 @@ def make_checkpoint(
         weight_map.update({t[0]: name for t in tensors})
     index = {"metadata": {}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return Checkpoint(path, shards, rows_per_shard, b"".join(shard_data))
+    return Checkpoint(path, shards, shard_rows[0], b"".join(shard_data))

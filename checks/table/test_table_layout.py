@@ -74,3 +74,12 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(TableError, match=r"no model.safetensors.index.json and no \*.safetensors"):
         read_layout(tmp_path)
+
+
+def test_row_count_must_match_config(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "m", vocab_base=128)
+    config = json.loads((ckpt.path / "config.json").read_text())
+    config["text_config"]["ngram_vocab_size_base"] = 1000
+    (ckpt.path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TableError, match=rf"hold {ckpt.rows} rows, config.json implies \d+"):
+        read_layout(ckpt.path)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashnext.facts.model_derived import ple_table_shape
 from flashnext.table.errors import TableError
 
 # Checkpoint names look like
@@ -242,4 +243,13 @@ def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
             f"{base}: PLE rows are {dim} wide, config.json implies {want_dim} "
             "(ple_embed_dim / ((ngram_size - 1) * heads_per_ngram))"
         )
-    return TableLayout(str(base), layers.pop(), dtypes.pop(), dim, shards)
+    layout = TableLayout(str(base), layers.pop(), dtypes.pop(), dim, shards)
+    if "ngram_vocab_size_base" in text_config:
+        want_rows, _ = ple_table_shape(text_config)
+        if layout.rows != want_rows:
+            raise TableError(
+                f"{base}: the PLE shards hold {layout.rows} rows, config.json implies "
+                f"{want_rows} (ngram_vocab_size_base, 16 prime-sized heads, rounded up)",
+                fix="the shards and config.json come from different exports: re-download",
+            )
+    return layout
