@@ -1,0 +1,79 @@
+# `nix flake check`: the parts of checks/run that work inside the build
+# sandbox (no network, no GPU), plus the image-config contract. The suites
+# are the same pytest files CI runs; only the interpreter comes from here.
+{
+  pkgs,
+  python,
+  sources,
+  vllm-env,
+  flashnext,
+  image,
+}:
+let
+  inherit (pkgs) lib;
+
+  # The launcher's own dependencies plus the test runner, from nixpkgs.
+  testPython = python.withPackages (
+    ps: with ps; [
+      click
+      rich
+      nvidia-ml-py
+      pytest
+      pip
+    ]
+  );
+
+  # pytest for the vLLM env's interpreter (same CPython 3.12 ABI).
+  pytestPath = python.pkgs.makePythonPath [ python.pkgs.pytest ];
+
+  suite =
+    name: src: extra: script:
+    pkgs.runCommand "flashnext-check-${name}" (
+      {
+        inherit src;
+        nativeBuildInputs = [ pkgs.gnupatch ];
+      }
+      // extra
+    ) ''
+      cp -r "$src" source && chmod -R u+w source && cd source
+      export HOME="$TMPDIR" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
+      ${script}
+      touch "$out"
+    '';
+in
+{
+  launcher = suite "launcher" sources.launcherChecks { } ''
+    PYTHONPATH=launcher/src ${testPython}/bin/python -m pytest -q -p no:cacheprovider checks/launcher
+  '';
+
+  # Lock-file consistency and the builder's cache/tamper tests (no download).
+  pins = suite "pins" sources.pinsChecks { } ''
+    ${testPython}/bin/python -m pytest -q -p no:cacheprovider checks/pins
+  '';
+
+  # Patch proofs on CPU: every proof must fail on the stock tree (strict xfail)
+  # and pass on the patched one; patches/apply's own tests run with them.
+  patches = suite "patches" sources.patchChecks { } ''
+    export PYTHONPATH=${pytestPath}
+    PYTHONPATH=${vllm-env}/stock:$PYTHONPATH \
+      ${vllm-env}/venv/bin/python -m pytest -q -p no:cacheprovider checks/patches --vllm-tree=stock
+    ${vllm-env}/venv/bin/python -m pytest -q -p no:cacheprovider checks/patches --vllm-tree=patched
+  '';
+
+  # The image's entrypoint, env and ports are what containers/README.md says.
+  # The config is compared as text: building the 9 GB image is not needed.
+  image-config =
+    suite "image-config" sources.imageContract
+      {
+        imageConfig = builtins.unsafeDiscardStringContext (builtins.toJSON image.imageConfig);
+        passAsFile = [ "imageConfig" ];
+      }
+      ''
+        ${python.interpreter} nix/check-image-config.py \
+          --readme containers/README.md --config "$imageConfigPath"
+      '';
+
+  # Building these is itself a test (the wheelhouse hash, the offline install,
+  # patches/apply on the real tree, the import smoke in pins/build-env).
+  inherit vllm-env flashnext;
+}

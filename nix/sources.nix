@@ -1,0 +1,49 @@
+# Filtered sources. Each derivation sees only the files it uses, so an edit
+# elsewhere (a README, a launcher module, a test) does not rebuild the heavy
+# parts: the wheelhouse depends on the lock only, the vLLM env on pins/ and
+# patches/ only, the launcher on launcher/ only.
+{ lib }:
+let
+  fs = lib.fileset;
+  root = ../.;
+  source = files: fs.toSource {
+    inherit root;
+    fileset = fs.unions files;
+  };
+in
+{
+  wheelhouse = source [
+    ../pins/requirements-cp312.txt
+    ../pins/build-env
+  ];
+
+  vllmEnv = source [
+    ../pins
+    ../patches
+  ];
+
+  launcher = source [ ../launcher ];
+
+  # The documented image contract (containers/README.md) and its checker.
+  imageContract = source [
+    ../containers/README.md
+    ../nix/check-image-config.py
+  ];
+
+  # Suites that run inside the build sandbox (see nix/checks.nix).
+  launcherChecks = source [
+    ../launcher
+    ../checks/launcher
+    ../checks/fixtures
+  ];
+  pinsChecks = source [
+    ../pins
+    ../patches
+    ../checks/pins
+  ];
+  patchChecks = source [
+    ../patches
+    ../checks/patches
+    ../checks/fixtures
+  ];
+}

@@ -1,0 +1,70 @@
+# The patched vLLM 0.33.0 environment: a venv installed offline from the
+# wheelhouse, the patch series applied with patches/apply, import-smoked. The
+# steps are pins/build-env's, the same script CI runs outside Nix; this file
+# only adds what the Nix store needs (ELF patching, the driver runpath).
+#
+# Output layout = pins/build-env's ENV: venv/ (patched) and stock/ (the
+# pristine vllm tree, for the patch proofs).
+{
+  lib,
+  stdenv,
+  python,
+  pins,
+  wheelhouse,
+  src,
+  autoPatchelfHook,
+  addDriverRunpath,
+  gnupatch,
+  zlib,
+}:
+stdenv.mkDerivation {
+  pname = "flashnext-vllm-env";
+  version = pins.vllmVersion;
+  inherit src;
+
+  nativeBuildInputs = [
+    python
+    gnupatch
+    autoPatchelfHook
+    addDriverRunpath
+  ];
+  # What the manylinux wheels link against besides each other.
+  buildInputs = [
+    stdenv.cc.cc.lib
+    zlib
+  ];
+
+  # Provided by the NVIDIA driver at run time (/run/opengl-driver/lib on NixOS,
+  # the CDI mounts in a container), never by the store.
+  autoPatchelfIgnoreMissingDeps = [
+    "libcuda.so.1"
+    "libnvidia-ml.so.1"
+  ];
+
+  dontConfigure = true;
+  buildPhase = ''
+    runHook preBuild
+    export HOME="$TMPDIR" FLASHNEXT_CACHE="$TMPDIR/cache"
+    bash pins/build-env --python ${python.interpreter} --wheelhouse ${wheelhouse} --prefix "$out"
+    runHook postBuild
+  '';
+  dontInstall = true;
+
+  # Stripping the CUDA libraries saves little and has broken them before.
+  dontStrip = true;
+  # dlopen()ed libraries (libcuda from the driver) are found through the
+  # NixOS driver path; on other distros the wrappers add it to LD_LIBRARY_PATH.
+  postFixup = ''
+    find "$out/venv" -type f -name '*.so*' -print0 | while IFS= read -r -d "" lib; do
+      addDriverRunpath "$lib"
+    done
+  '';
+
+  # ENV/venv/bin/python runs the patched vLLM; "lib/python3.12/site-packages".
+  passthru.pythonSitePackages = python.sitePackages;
+
+  meta = {
+    description = "vLLM ${pins.vllmVersion} with the flashnext patch series";
+    platforms = [ "x86_64-linux" ];
+  };
+}
