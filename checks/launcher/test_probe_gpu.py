@@ -65,6 +65,60 @@ THREE_3090 = {
 }
 
 
+# Recorded on a real machine (one H200 with a torch process holding 2 GiB) with
+# `--record`, together with what probe_gpus() returned there from the real
+# NVML at the same moment; nvidia-smi listed pid 527 with 2566 MiB. Replaying
+# the recording must give exactly what the real probe gave.
+H200_RECORDED = {
+    "cuda_driver_version": 13000,
+    "device_count": 1,
+    "devices": [
+        {
+            "compute_processes": [{"pid": 527, "usedGpuMemory": 2690646016}],
+            "cuda_compute_capability": [9, 0],
+            "curr_pcie_link_generation": 5,
+            "curr_pcie_link_width": 16,
+            "graphics_processes": [],
+            "max_pcie_link_generation": 5,
+            "max_pcie_link_width": 16,
+            "memory": {"free": 147409993728, "total": 150754820096, "used": 3344826368},
+            "name": "NVIDIA H200",
+            "persistence_mode": 1,
+            "uuid": "GPU-7aca84b7-080c-08e2-61de-679c8666270c",
+        }
+    ],
+    "driver_version": "580.159.04",
+    "p2p_read": [[None]],
+    "process_names": {"527": "/opt/torch/.venv/bin/python"},
+}
+
+H200_PROBED = {
+    "cuda_driver_version": "13.0",
+    "devices": [
+        {
+            "compute_capability": "9.0",
+            "index": 0,
+            "memory_free_bytes": 147409993728,
+            "memory_total_bytes": 150754820096,
+            "name": "NVIDIA H200",
+            "pcie_gen_current": 5,
+            "pcie_gen_max": 5,
+            "pcie_width_current": 16,
+            "pcie_width_max": 16,
+            "persistence_mode": True,
+            "processes": [
+                {"name": "/opt/torch/.venv/bin/python", "pid": 527, "used_memory_bytes": 2690646016}
+            ],
+            "uuid": "GPU-7aca84b7-080c-08e2-61de-679c8666270c",
+        }
+    ],
+    "driver_version": "580.159.04",
+    "error": None,
+    "nvml_available": True,
+    "p2p": [],
+}
+
+
 class _Handle:
     """Stands in for c_nvmlDevice_t: opaque to the caller."""
 
@@ -237,6 +291,11 @@ def test_idle_3x3090(legacy_bytes):
         (2, 1),
     ]
     assert {p.status for p in facts.p2p} == {"chipset_not_supported"}
+
+
+def test_replay_of_a_real_recording_matches_the_real_probe():
+    probed = probe_gpus(ReplayNVML(copy.deepcopy(H200_RECORDED)))
+    assert json.loads(dumps(probed)) == H200_PROBED
 
 
 def test_foreign_processes_are_listed_once_with_names():
