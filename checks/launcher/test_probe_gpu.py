@@ -136,6 +136,7 @@ class ReplayNVML(types.ModuleType):
         self.initialised = False
         self.init_calls = self.shutdown_calls = 0
         self.NVMLError = pynvml.NVMLError
+        self.NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
         self.NVML_P2P_CAPS_INDEX_READ = pynvml.NVML_P2P_CAPS_INDEX_READ
 
     # -- helpers
@@ -238,10 +239,22 @@ class ReplayNVML(types.ModuleType):
             out.append(obj)
         return out
 
+    def _unversioned(self, h, key):
+        # An old driver lacks the _v3 entry points pynvml's unversioned wrappers call.
+        if self.rec.get("driver_lacks_v3"):
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the ...")
+        return self._processes(h, key)
+
     def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return self._processes(h, "compute_processes")
+        return self._unversioned(h, "compute_processes")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        return self._unversioned(h, "graphics_processes")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h):
+        return self._processes(h, "compute_processes")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, h):
         return self._processes(h, "graphics_processes")
 
     def nvmlDeviceGetP2PStatus(self, h1, h2, index):
@@ -331,7 +344,19 @@ def test_unsupported_fields_become_none():
     status = {(p.gpu_a, p.gpu_b): p.status for p in facts.p2p}
     assert status[(0, 1)] == "unknown"
     assert status[(1, 2)] == "ok"
+    # An unknown process list is not an empty one: the error says so.
+    assert facts.error == (
+        "GPU 1: process list unknown "
+        "(nvmlDeviceGetGraphicsRunningProcesses: Not Supported (NVML code 3))"
+    )
+
+
+def test_old_driver_process_lists_through_v2():
+    rec = machine(driver_lacks_v3=True, process_names={"4321": "python3"})
+    rec["devices"][2]["compute_processes"] = [{"pid": 4321, "usedGpuMemory": 5 * GIB}]
+    facts = probe_gpus(ReplayNVML(rec))
     assert facts.error is None
+    assert [(p.pid, p.name) for p in facts.devices[2].processes] == [(4321, "python3")]
 
 
 def test_lost_gpu_is_left_out_and_named():

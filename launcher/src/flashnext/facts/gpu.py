@@ -50,12 +50,30 @@ def _error_text(exc: BaseException) -> str:
     return f"{exc} (NVML code {code})" if code is not None else str(exc)
 
 
+def _nvml_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
+    # pynvml raises NVMLLibraryMismatchError (not an NVMLError) when an unversioned
+    # wrapper needs a newer driver than the one installed.
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    return (nvml.NVMLError, AttributeError) + ((mismatch,) if mismatch else ())
+
+
 def _optional(nvml: ModuleType, fn: str, *args: Any) -> Any:
     """Call nvml.<fn>; None when NVML says the device cannot answer (not supported, ...)."""
     try:
         return getattr(nvml, fn)(*args)
-    except (nvml.NVMLError, AttributeError):
+    except _nvml_errors(nvml):
         return None
+
+
+def _process_list(nvml: ModuleType, fn: str, handle: Any) -> tuple[list[Any] | None, str | None]:
+    """(processes, None) or (None, why): the _v2 call serves drivers older than pynvml's default."""
+    reason = None
+    for name in (fn, f"{fn}_v2"):
+        try:
+            return list(getattr(nvml, name)(handle)), None
+        except _nvml_errors(nvml) as exc:
+            reason = reason or f"{fn}: {_error_text(exc)}"
+    return None, reason
 
 
 def cuda_version_text(value: int) -> str:
@@ -63,10 +81,14 @@ def cuda_version_text(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def _processes(nvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...]:
+def _processes(nvml: ModuleType, handle: Any, notes: list[str]) -> tuple[GpuProcess, ...]:
+    """Compute and graphics processes by pid; a list NVML cannot give is noted, not guessed."""
     by_pid: dict[int, GpuProcess] = {}
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        for proc in _optional(nvml, fn, handle) or ():
+        procs, reason = _process_list(nvml, fn, handle)
+        if reason:
+            notes.append(f"process list unknown ({reason})")
+        for proc in procs or ():
             pid = int(proc.pid)
             used = getattr(proc, "usedGpuMemory", None)  # None when the driver cannot tell
             name = _optional(nvml, "nvmlSystemGetProcessName", pid)
@@ -81,7 +103,7 @@ def _processes(nvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...]:
     return tuple(by_pid[pid] for pid in sorted(by_pid))
 
 
-def _device(nvml: ModuleType, index: int, handle: Any) -> GpuDevice:
+def _device(nvml: ModuleType, index: int, handle: Any, notes: list[str]) -> GpuDevice:
     """Read one GPU; the required fields raise NVMLError, the optional ones become None."""
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -105,7 +127,7 @@ def _device(nvml: ModuleType, index: int, handle: Any) -> GpuDevice:
         pcie_width_current=pcie("nvmlDeviceGetCurrPcieLinkWidth"),
         pcie_width_max=pcie("nvmlDeviceGetMaxPcieLinkWidth"),
         persistence_mode=None if persistence is None else persistence == 1,
-        processes=_processes(nvml, handle),
+        processes=_processes(nvml, handle, notes),
     )
 
 
@@ -175,7 +197,9 @@ def _probe_initialised(nvml: ModuleType) -> GpuFacts:
     for index in range(count):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            devices.append(_device(nvml, index, handle))
+            notes: list[str] = []
+            devices.append(_device(nvml, index, handle, notes))
+            errors.extend(f"GPU {index}: {note}" for note in notes)
             handles[index] = handle
         except nvml.NVMLError as exc:
             # A lost or inaccessible GPU is left out of `devices`; the error names it.

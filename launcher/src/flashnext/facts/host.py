@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Callable
 
 from flashnext.facts.schema import MemoryFacts
 from flashnext.facts.storage import Mount, parse_mountinfo
@@ -79,7 +80,10 @@ def _cgroup_dir(mount: Mount, cgroup_path: str, root: str) -> str:
     return os.path.join(root, mount.mount_point.lstrip("/"), rel.lstrip("/"))
 
 
-def _tightest_limit(leaf: str, top: str, filename: str, parse) -> int | None:
+LimitParser = Callable[[str], "int | None"]
+
+
+def _tightest_limit(leaf: str, top: str, filename: str, parse: LimitParser) -> int | None:
     """Smallest limit in `filename` from `leaf` up to `top` (a parent's limit binds children)."""
     limits = []
     current = os.path.normpath(leaf)
@@ -107,7 +111,7 @@ def _parse_v2_limit(text: str) -> int | None:
 
 
 def _limit_or_error(
-    version: str, leaf: str, top: str, filename: str, parse
+    version: str, leaf: str, top: str, filename: str, parse: LimitParser
 ) -> tuple[str, int | None, str | None]:
     if not os.path.isdir(leaf):
         return version, None, f"cgroup directory {leaf} not visible; limit unknown"
