@@ -120,7 +120,6 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
                 [
                     d.index,
                     d.name,
-                    d.uuid,
                     f"{_gib(d.memory_free_bytes)} / {_gib(d.memory_total_bytes)}",
                     d.compute_capability,
                     f"Gen{d.pcie_gen_current or '?'} x{d.pcie_width_current or '?'} "
@@ -138,7 +137,7 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
         tables.append(
             (
                 title,
-                ["#", "name", "uuid", "free / total", "cc", "PCIe now (max)", "persist", "procs"],
+                ["#", "name", "free / total", "cc", "PCIe now (max)", "persist", "procs"],
                 rows,
             )
         )
