@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
@@ -21,9 +22,6 @@ Level = Literal["ok", "warn", "fail"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "fail")
 
 EXPECTED_ARCH = "qwen4_exp"
-# Sampling keys vLLM 0.33.0 takes from generation_config.json
-# (vllm/config/model.py, get_diff_sampling_param).
-SAMPLING_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 NETWORK_OR_MEMORY_FS = ("tmpfs", "ramfs", "overlay", "squashfs", "devtmpfs")
 
 
@@ -83,7 +81,10 @@ def gpus(inp: PreflightInput) -> Iterator[Finding]:
     want = f"{spec.count}x {spec.name}"
     if not gpu.nvml_available:
         yield Finding(
-            "gpu.nvml", "fail", f"NVML unavailable: {gpu.error or 'unknown reason'}", want,
+            "gpu.nvml",
+            "fail",
+            f"NVML unavailable: {gpu.error or 'unknown reason'}",
+            want,
             "no NVIDIA driver could be queried, so no GPU can be used",
             "install the NVIDIA driver (nvidia-smi must work); in a container pass "
             "--device nvidia.com/gpu=all",
@@ -94,7 +95,10 @@ def gpus(inp: PreflightInput) -> Iterator[Finding]:
     matching = [d for d in devices if spec.matches(d)]
     if len(devices) != spec.count or len(matching) != spec.count:
         yield Finding(
-            "gpu.count", "fail", f"{len(devices)}x {seen}", want,
+            "gpu.count",
+            "fail",
+            f"{len(devices)}x {seen}",
+            want,
             f"profile {inp.profile.name} needs {want}, the host shows {len(devices)}x {seen}",
             "run on the machine the profile describes, expose all its GPUs "
             "(CUDA_VISIBLE_DEVICES unset), or pick another --profile",
@@ -110,24 +114,37 @@ def _gpu_device(d, inp: PreflightInput) -> Iterator[Finding]:
     tag = f"gpu{d.index}"
     if d.memory_total_bytes < spec.min_memory_bytes:
         yield Finding(
-            f"{tag}.vram", "fail", gib(d.memory_total_bytes), f">= {gib(spec.min_memory_bytes)}",
+            f"{tag}.vram",
+            "fail",
+            gib(d.memory_total_bytes),
+            f">= {gib(spec.min_memory_bytes)}",
             f"GPU {d.index} has {gib(d.memory_total_bytes)}, the plan needs a 24 GB card",
             "use 24 GB cards (RTX 3090/4090 class) or a profile for your cards",
         )
     else:
-        yield _ok(f"{tag}.vram", gib(d.memory_total_bytes), f">= {gib(spec.min_memory_bytes)}",
-                  "enough VRAM")
+        yield _ok(
+            f"{tag}.vram",
+            gib(d.memory_total_bytes),
+            f">= {gib(spec.min_memory_bytes)}",
+            "enough VRAM",
+        )
     if _cc(d.compute_capability) < _cc(spec.min_compute_capability):
         yield Finding(
-            f"{tag}.compute_capability", "fail", d.compute_capability,
+            f"{tag}.compute_capability",
+            "fail",
+            d.compute_capability,
             f">= {spec.min_compute_capability}",
             f"GPU {d.index} is sm_{d.compute_capability.replace('.', '')}: the Marlin INT4/INT8 "
             "and QSA kernels need Ampere (8.6) or newer",
             "use Ampere or newer GPUs",
         )
     else:
-        yield _ok(f"{tag}.compute_capability", d.compute_capability,
-                  f">= {spec.min_compute_capability}", "kernels supported")
+        yield _ok(
+            f"{tag}.compute_capability",
+            d.compute_capability,
+            f">= {spec.min_compute_capability}",
+            "kernels supported",
+        )
     yield from _gpu_idle(d, inp)
     yield from _gpu_pcie(d, inp)
 
@@ -141,16 +158,23 @@ def _gpu_idle(d, inp: PreflightInput) -> Iterator[Finding]:
     util = inp.profile.memory.gpu_memory_utilization
     needed = int(d.memory_total_bytes * util)
     if d.processes:
-        procs = ", ".join(f"{p.pid} ({p.name or '?'}, {gib(p.used_memory_bytes)})"
-                          for p in d.processes)
+        procs = ", ".join(
+            f"{p.pid} ({p.name or '?'}, {gib(p.used_memory_bytes)})" for p in d.processes
+        )
         yield Finding(
-            tag, "fail", f"{len(d.processes)} process(es): {procs}", "no other processes",
+            tag,
+            "fail",
+            f"{len(d.processes)} process(es): {procs}",
+            "no other processes",
             f"GPU {d.index} is in use by {procs}; vLLM needs {util:.0%} of it",
             f"stop them (nvidia-smi shows them; kill {' '.join(str(p.pid) for p in d.processes)})",
         )
     elif d.memory_free_bytes < needed:
         yield Finding(
-            tag, "fail", f"{gib(d.memory_free_bytes)} free", f">= {gib(needed)} free",
+            tag,
+            "fail",
+            f"{gib(d.memory_free_bytes)} free",
+            f">= {gib(needed)} free",
             f"GPU {d.index} has only {gib(d.memory_free_bytes)} free of "
             f"{gib(d.memory_total_bytes)}; vLLM will reserve {util:.0%}",
             "free the GPU (a display server or another container may hold memory)",
@@ -167,11 +191,20 @@ def _gpu_pcie(d, inp: PreflightInput) -> Iterator[Finding]:
     measured = f"Gen{gen} x{width} (now Gen{d.pcie_gen_current} x{d.pcie_width_current})"
     required = f">= Gen{spec.min_pcie_gen} x{spec.min_pcie_width}"
     if gen is None or width is None:
-        yield Finding(tag, "warn", "unknown", required, "NVML did not report the PCIe link",
-                      "check `nvidia-smi -q -d PCIE`")
+        yield Finding(
+            tag,
+            "warn",
+            "unknown",
+            required,
+            "NVML did not report the PCIe link",
+            "check `nvidia-smi -q -d PCIE`",
+        )
     elif gen < spec.min_pcie_gen or width < spec.min_pcie_width:
         yield Finding(
-            tag, "warn", measured, required,
+            tag,
+            "warn",
+            measured,
+            required,
             f"GPU {d.index} links at Gen{gen} x{width}: host K/V and PP traffic cross PCIe "
             "every token, so decode and long prefills slow down",
             "put the card in a full x16 Gen4 slot (check BIOS lane bifurcation and risers)",
@@ -192,11 +225,20 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
     pinned = plan.pinned_bytes_needed
     avail = mem.mem_available_bytes
     if avail is None:
-        yield Finding("host.ram", "warn", "unknown", f">= {gib(need)}",
-                      f"MemAvailable could not be read ({mem.error})", "check /proc/meminfo")
+        yield Finding(
+            "host.ram",
+            "warn",
+            "unknown",
+            f">= {gib(need)}",
+            f"MemAvailable could not be read ({mem.error})",
+            "check /proc/meminfo",
+        )
     elif avail < need:
         yield Finding(
-            "host.ram", "fail", f"{gib(avail)} available", f">= {gib(need)}",
+            "host.ram",
+            "fail",
+            f"{gib(avail)} available",
+            f">= {gib(need)}",
             f"the plan pins {gib(pinned)} of QSA K/V pools plus {gib(need - pinned)} for the "
             f"processes, the host has {gib(avail)} available",
             "free host memory, or lower --kv-cache-memory-bytes (fewer pinned K/V blocks)",
@@ -209,7 +251,10 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
         yield _ok("host.memlock", _limit(soft), "any", "nothing pinned beyond defaults")
     elif soft is not None and soft < pinned:
         yield Finding(
-            "host.memlock", "fail", _limit(soft), f">= {gib(pinned)} or unlimited",
+            "host.memlock",
+            "fail",
+            _limit(soft),
+            f">= {gib(pinned)} or unlimited",
             f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned QSA K/V pools need {gib(pinned)}",
             "raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; podman/docker: "
             "--ulimit memlock=-1:-1)",
@@ -220,19 +265,29 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
     limit = mem.cgroup_memory_limit_bytes
     if limit is not None and limit < need:
         yield Finding(
-            "host.cgroup", "fail", gib(limit), f">= {gib(need)} or no limit",
+            "host.cgroup",
+            "fail",
+            gib(limit),
+            f">= {gib(need)} or no limit",
             f"this process's cgroup ({mem.cgroup_version}) is limited to {gib(limit)}, the "
             f"plan needs {gib(need)}: the kernel would OOM-kill vLLM",
             "raise the limit (podman/docker: --memory or drop it; systemd: MemoryMax=)",
         )
     else:
-        yield _ok("host.cgroup", "no limit" if limit is None else gib(limit),
-                  f">= {gib(need)} or no limit", "cgroup allows the plan")
+        yield _ok(
+            "host.cgroup",
+            "no limit" if limit is None else gib(limit),
+            f">= {gib(need)} or no limit",
+            "cgroup allows the plan",
+        )
 
     min_shm = inp.profile.memory.min_shm_bytes
     if mem.shm_total_bytes is None or mem.shm_total_bytes < min_shm:
         yield Finding(
-            "host.shm", "fail", gib(mem.shm_total_bytes), f">= {gib(min_shm)}",
+            "host.shm",
+            "fail",
+            gib(mem.shm_total_bytes),
+            f">= {gib(min_shm)}",
             "/dev/shm is missing or small: NCCL and vLLM's broadcast queues between the "
             "three ranks live there",
             "in a container pass --ipc=host or --shm-size=8g",
@@ -252,32 +307,52 @@ def _limit(n: int | None) -> str:
 def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
     plan = inp.plan
     if plan is None:
-        yield Finding("plan", "fail", inp.plan_error or "no plan", "a plan",
-                      f"cannot plan: {inp.plan_error}", "fix the findings above, then re-run")
+        if inp.model is not None:  # without a model, model.dir already says why
+            yield Finding(
+                "plan",
+                "fail",
+                inp.plan_error or "no plan",
+                "a plan",
+                f"cannot plan: {inp.plan_error}",
+                "fix what the message names, then re-run",
+            )
         return
     bad = [r for r in plan.ple_ranks if r != 0]
     if bad:
         yield Finding(
-            "pp.ple_rank", "fail", f"PLE layer(s) {list(plan.ple_layers)} on rank(s) {bad}",
+            "pp.ple_rank",
+            "fail",
+            f"PLE layer(s) {list(plan.ple_layers)} on rank(s) {bad}",
             "rank 0",
             "the PLE n-gram embedding needs the raw token ids, which only PP rank 0 has",
             "change VLLM_PP_LAYER_PARTITION so its first entry covers layer "
             f"{max(plan.ple_layers) + 1} or more (default: unset)",
         )
     else:
-        yield _ok("pp.ple_rank", f"PLE on rank {list(plan.ple_ranks)}", "rank 0",
-                  f"partition {[e - s for s, e in plan.pp_ranges]}")
+        yield _ok(
+            "pp.ple_rank",
+            f"PLE on rank {list(plan.ple_ranks)}",
+            "rank 0",
+            f"partition {[e - s for s, e in plan.pp_ranges]}",
+        )
     for r in plan.ranks:
         if r.headroom_bytes < 0:
             yield Finding(
-                f"rank{r.rank}.vram", "fail", gib(r.committed_bytes), f"<= {gib(r.vram_usable_bytes)}",
+                f"rank{r.rank}.vram",
+                "fail",
+                gib(r.committed_bytes),
+                f"<= {gib(r.vram_usable_bytes)}",
                 f"rank {r.rank} needs {gib(r.committed_bytes)} (weights {gib(r.weight_bytes)}, KV "
                 f"{gib(r.kv_cache_bytes)}), more than its usable {gib(r.vram_usable_bytes)}",
                 "lower --kv-cache-memory-bytes or rebalance with VLLM_PP_LAYER_PARTITION",
             )
         else:
-            yield _ok(f"rank{r.rank}.vram", gib(r.committed_bytes),
-                      f"<= {gib(r.vram_usable_bytes)}", f"headroom {gib(r.headroom_bytes)}")
+            yield _ok(
+                f"rank{r.rank}.vram",
+                gib(r.committed_bytes),
+                f"<= {gib(r.vram_usable_bytes)}",
+                f"headroom {gib(r.headroom_bytes)}",
+            )
 
 
 # ---------------------------------------------------------------- model
@@ -286,23 +361,42 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
 @check
 def model(inp: PreflightInput) -> Iterator[Finding]:
     if not inp.model_dir:
-        yield Finding("model.dir", "fail", "not given", "a checkpoint directory",
-                      "no model directory was given",
-                      "pass --model DIR (or `flashnext skeleton DIR` to plan before downloading)")
+        yield Finding(
+            "model.dir",
+            "fail",
+            "not given",
+            "a checkpoint directory",
+            "no model directory was given",
+            "pass --model DIR (or `flashnext skeleton DIR` to plan before downloading)",
+        )
         return
     if inp.model is None:
-        yield Finding("model.dir", "fail", inp.model_error or "unreadable", "a complete checkpoint",
-                      inp.model_error or "the checkpoint could not be read",
-                      "re-download the missing or damaged files (`hf download` resumes)")
+        yield Finding(
+            "model.dir",
+            "fail",
+            inp.model_error or "unreadable",
+            "a complete checkpoint",
+            inp.model_error or "the checkpoint could not be read",
+            "re-download the missing or damaged files (`hf download` resumes)",
+        )
         return
     m = inp.model
-    yield _ok("model.dir", f"{len(m.shards)} shards, {len(m.tensors)} tensors",
-              "a complete checkpoint", "all shards present, headers parse")
+    yield _ok(
+        "model.dir",
+        f"{len(m.shards)} shards, {len(m.tensors)} tensors",
+        "a complete checkpoint",
+        "all shards present, headers parse",
+    )
     text_type = m.text_config.get("model_type", "")
     if m.model_type != EXPECTED_ARCH and not str(text_type).startswith(EXPECTED_ARCH):
-        yield Finding("model.arch", "fail", f"{m.model_type} {list(m.architectures)}",
-                      EXPECTED_ARCH, f"this kit serves {EXPECTED_ARCH} checkpoints only",
-                      "point --model at the Qwen3.8-Flash-Next checkpoint")
+        yield Finding(
+            "model.arch",
+            "fail",
+            f"{m.model_type} {list(m.architectures)}",
+            EXPECTED_ARCH,
+            f"this kit serves {EXPECTED_ARCH} checkpoints only",
+            "point --model at the Qwen3.8-Flash-Next checkpoint",
+        )
     else:
         yield _ok("model.arch", str(m.model_type), EXPECTED_ARCH, "architecture")
     yield from _quant_groups(inp)
@@ -320,29 +414,41 @@ def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
     if shared:
         target, names = next(iter(sorted(shared.items())))
         yield Finding(
-            "model.quant_groups", "fail", f"target {target!r} in groups {names}",
+            "model.quant_groups",
+            "fail",
+            f"target {target!r} in groups {names}",
             "each target in one group",
             f"vLLM keys schemes by target, so only group {names[-1]!r} applies: the INT4 "
             "experts would be read with the wrong scheme",
             f"flashnext checkpoint fix --model {inp.model_dir}",
         )
     else:
-        yield _ok("model.quant_groups", f"{len(groups)} groups", "each target in one group",
-                  "quantization groups are unambiguous")
+        yield _ok(
+            "model.quant_groups",
+            f"{len(groups)} groups",
+            "each target in one group",
+            "quantization groups are unambiguous",
+        )
 
 
 def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
-    gen = inp.model.generation_config or {}
-    present = sorted(k for k in SAMPLING_KEYS if k in gen)
+    present = sampling_keys_present(inp.model.generation_config)
     if present:
         yield _ok("model.sampling", ", ".join(present), "sampling keys", "defaults present")
         return
     if inp.plan and "--generation-config" in inp.plan.argv:
-        yield _ok("model.sampling", "from --generation-config", "sampling keys",
-                  "taken from the directory given")
+        yield _ok(
+            "model.sampling",
+            "from --generation-config",
+            "sampling keys",
+            "taken from the directory given",
+        )
         return
     yield Finding(
-        "model.sampling", "fail", "none of " + ", ".join(SAMPLING_KEYS), "sampling keys",
+        "model.sampling",
+        "fail",
+        "no sampling keys",
+        ", ".join(VLLM_SAMPLING_KEYS[:4]) + ", ...",
         "generation_config.json has no sampling keys: vLLM falls back to temperature 1, "
         "top_p 1, top_k 0 over 248k tokens and output degrades",
         f"flashnext checkpoint fix --model {inp.model_dir} --generation-config-from "
@@ -356,25 +462,45 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
 @check
 def table(inp: PreflightInput) -> Iterator[Finding]:
     if not inp.table_path:
-        yield Finding("table.path", "fail", "not given", "the PLE table file",
-                      "no PLE table path was given",
-                      "pass --table FILE (make it with `flashnext table prepare`)")
+        yield Finding(
+            "table.path",
+            "fail",
+            "not given",
+            "the PLE table file",
+            "no PLE table path was given",
+            "pass --table FILE (make it with `flashnext table prepare`)",
+        )
         return
     st = inp.facts.storage.get("table")
     if st is None or not st.exists:
-        yield Finding("table.path", "fail", "missing", inp.table_path,
-                      f"{inp.table_path} does not exist",
-                      f"flashnext table prepare --model {inp.model_dir or 'DIR'} "
-                      f"--out {inp.table_path}")
+        yield Finding(
+            "table.path",
+            "fail",
+            "missing",
+            inp.table_path,
+            f"{inp.table_path} does not exist",
+            f"flashnext table prepare --model {inp.model_dir or 'DIR'} --out {inp.table_path}",
+        )
         return
     if not st.is_regular_file:
-        yield Finding("table.path", "fail", "not a regular file", "a regular file",
-                      f"{inp.table_path} is not a regular file", "point --table at the flat file")
+        yield Finding(
+            "table.path",
+            "fail",
+            "not a regular file",
+            "a regular file",
+            f"{inp.table_path} is not a regular file",
+            "point --table at the flat file",
+        )
         return
     if not st.readable:
-        yield Finding("table.readable", "fail", "not readable", "readable",
-                      f"{inp.table_path} cannot be read by this user",
-                      f"chmod a+r {inp.table_path}")
+        yield Finding(
+            "table.readable",
+            "fail",
+            "not readable",
+            "readable",
+            f"{inp.table_path} cannot be read by this user",
+            f"chmod a+r {inp.table_path}",
+        )
     yield from _table_size(inp, st)
     yield from _table_medium(inp, st)
 
@@ -386,7 +512,10 @@ def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     want = rows * cols * 2  # BF16
     if st.size_bytes != want:
         yield Finding(
-            "table.size", "fail", f"{st.size_bytes} bytes", f"{want} bytes ([{rows}, {cols}] BF16)",
+            "table.size",
+            "fail",
+            f"{st.size_bytes} bytes",
+            f"{want} bytes ([{rows}, {cols}] BF16)",
             f"{inp.table_path} is {st.size_bytes} bytes, not the [{rows}, {cols}] BF16 table "
             "the model config implies (truncated copy or another model's table)",
             f"flashnext table prepare --model {inp.model_dir} --out {inp.table_path}",
@@ -399,23 +528,44 @@ def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     where = f"{st.mount_point} ({st.fs_type}, {st.transport})"
     fix = "move the table to a local NVMe filesystem (ext4/xfs) and pass its new path"
     if st.network or st.fs_type in NETWORK_OR_MEMORY_FS or st.transport == "network":
-        yield Finding("table.medium", "fail", where, "local NVMe",
-                      f"{inp.table_path} is on {st.fs_type}: every token faults 16 rows from "
-                      "it, which needs a local block device (tmpfs would also cost 95 GiB of RAM)",
-                      fix)
+        yield Finding(
+            "table.medium",
+            "fail",
+            where,
+            "local NVMe",
+            f"{inp.table_path} is on {st.fs_type}: every token faults 16 rows from "
+            "it, which needs a local block device (tmpfs would also cost 95 GiB of RAM)",
+            fix,
+        )
     elif st.rotational:
-        yield Finding("table.medium", "fail", where, "local NVMe",
-                      f"{inp.table_path} is on a spinning disk: 16 random reads per token",
-                      fix)
+        yield Finding(
+            "table.medium",
+            "fail",
+            where,
+            "local NVMe",
+            f"{inp.table_path} is on a spinning disk: 16 random reads per token",
+            fix,
+        )
     elif st.transport == "nvme":
         yield _ok("table.medium", where, "local NVMe", "random reads at NVMe latency")
     elif st.transport == "sata":
-        yield Finding("table.medium", "warn", where, "local NVMe",
-                      "a SATA SSD serves the random row reads, but cold prefills will be slower",
-                      fix)
+        yield Finding(
+            "table.medium",
+            "warn",
+            where,
+            "local NVMe",
+            "a SATA SSD serves the random row reads, but cold prefills will be slower",
+            fix,
+        )
     else:
-        yield Finding("table.medium", "warn", where, "local NVMe",
-                      f"the table's device ({st.transport}) is not a local NVMe drive", fix)
+        yield Finding(
+            "table.medium",
+            "warn",
+            where,
+            "local NVMe",
+            f"the table's device ({st.transport}) is not a local NVMe drive",
+            fix,
+        )
 
 
 # ---------------------------------------------------------------- port
@@ -429,7 +579,11 @@ def port(inp: PreflightInput) -> Iterator[Finding]:
         if p.free:
             yield _ok("port", f"{p.host}:{p.port} free", "free", "the API can bind")
         else:
-            yield Finding("port", "fail", f"{p.host}:{p.port} in use", "free",
-                          f"{p.host}:{p.port} is taken ({p.error or 'in use'})",
-                          f"stop what listens there (`ss -ltnp 'sport = :{p.port}'`) or pass "
-                          "--port N")
+            yield Finding(
+                "port",
+                "fail",
+                f"{p.host}:{p.port} in use",
+                "free",
+                f"{p.host}:{p.port} is taken ({p.error or 'in use'})",
+                f"stop what listens there (`ss -ltnp 'sport = :{p.port}'`) or pass --port N",
+            )

@@ -24,6 +24,260 @@ def main() -> None:
 # Commands are added below, one block per area. Keep each block's logic in its module.
 
 
+# ---- preflight / plan / serve (owner: lead)
+
+
+def _plan_options(fn):
+    """The options preflight, plan and serve share (defined once)."""
+    options = [
+        click.option(
+            "--facts",
+            "facts_file",
+            envvar="FLASHNEXT_FACTS",
+            show_envvar=True,
+            type=click.Path(exists=True, dir_okay=False),
+            help="Replay facts recorded with `flashnext facts --json` instead of "
+            "probing this host.",
+        ),
+        click.option(
+            "--model",
+            "model_dir",
+            envvar="FLASHNEXT_MODEL",
+            show_envvar=True,
+            type=click.Path(file_okay=False),
+            help="Checkpoint directory (config.json, safetensors shards).",
+        ),
+        click.option(
+            "--table",
+            "table_path",
+            envvar="FLASHNEXT_TABLE",
+            show_envvar=True,
+            type=click.Path(dir_okay=False),
+            help="The PLE table flat file on NVMe (`flashnext table prepare`).",
+        ),
+        click.option(
+            "--profile",
+            "profile_name",
+            envvar="FLASHNEXT_PROFILE",
+            show_envvar=True,
+            help="Hardware profile; default: the one matching the GPUs, else 3x3090.",
+        ),
+        click.option(
+            "--host",
+            default="127.0.0.1",
+            show_default=True,
+            envvar="FLASHNEXT_HOST",
+            show_envvar=True,
+            help="Address the API binds; loopback unless you mean to expose it.",
+        ),
+        click.option(
+            "--port",
+            default=8000,
+            show_default=True,
+            type=click.IntRange(1, 65535),
+            envvar="FLASHNEXT_PORT",
+            show_envvar=True,
+            help="API port.",
+        ),
+        click.option(
+            "--served-model-name",
+            default="qwen3.8-flash-next",
+            show_default=True,
+            help="Model name clients send.",
+        ),
+        click.option(
+            "--kv-cache-memory-bytes",
+            type=click.IntRange(min=1),
+            help="VRAM per card for the KV cache; default: derived for the "
+            "tightest rank and the host pools.",
+        ),
+        click.option(
+            "--max-model-len",
+            type=click.IntRange(min=1),
+            help="Context length; default: the profile's.",
+        ),
+        click.option(
+            "--pp-layer-partition",
+            envvar="VLLM_PP_LAYER_PARTITION",
+            show_envvar=True,
+            help="Layers per PP rank, e.g. 16,16,16 (vLLM's own variable).",
+        ),
+        click.option(
+            "--generation-config",
+            "generation_config_dir",
+            type=click.Path(file_okay=False),
+            help="Directory whose generation_config.json supplies sampling defaults.",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _assess(kw: dict):
+    from flashnext.assess import assess, load_facts
+    from flashnext.facts.schema import FactsSchemaError
+    from flashnext.plan import PlanOptions
+    from flashnext.profiles import ProfileError
+
+    options = PlanOptions(
+        model_dir=kw["model_dir"],
+        table_path=kw["table_path"],
+        host=kw["host"],
+        port=kw["port"],
+        served_model_name=kw["served_model_name"],
+        kv_cache_memory_bytes=kw["kv_cache_memory_bytes"],
+        max_model_len=kw["max_model_len"],
+        pp_layer_partition=kw["pp_layer_partition"],
+        generation_config_dir=kw["generation_config_dir"],
+    )
+    try:
+        facts = load_facts(kw["facts_file"], options)
+        return assess(facts, options, kw["profile_name"])
+    except (FactsSchemaError, ProfileError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _preflight_doc(a) -> dict:
+    from flashnext.checks import worst
+    from flashnext.facts.schema import to_jsonable
+
+    return {
+        "profile": a.profile.name,
+        "profile_reason": a.profile_reason,
+        "result": worst(a.findings),
+        "findings": to_jsonable(a.findings),
+        "facts": to_jsonable(a.facts),
+        "plan": a.plan.to_json() if a.plan else None,
+        "plan_error": a.plan_error,
+    }
+
+
+def _summary_line(findings) -> str:
+    counts = {lvl: sum(1 for f in findings if f.level == lvl) for lvl in ("ok", "warn", "fail")}
+    return f"preflight: {counts['fail']} failed, {counts['warn']} warnings, {counts['ok']} ok"
+
+
+@main.command()
+@_plan_options
+def preflight(as_json: bool, **kw) -> None:
+    """Check this host (or a facts file), the model and the table against the plan.
+
+    Every failed check says what was measured, what is required and how to fix
+    it. Exit 1 if any check fails.
+    """
+    from flashnext.render import emit_json, render_findings
+
+    a = _assess(kw)
+    if as_json:
+        emit_json(_preflight_doc(a))
+    else:
+        render_findings(a.findings)
+        click.echo(_summary_line(a.findings))
+    if any(f.level == "fail" for f in a.findings):
+        raise SystemExit(1)
+
+
+@main.command("plan")
+@_plan_options
+def plan_cmd(as_json: bool, **kw) -> None:
+    """Partition, per-rank VRAM, KV bytes, host pools, roofline and the vLLM command.
+
+    Pure: reads facts (probed or --facts) and the checkpoint's headers, starts
+    nothing. Exit 1 if no plan can be made.
+    """
+    from flashnext.render import emit_json, render_plan
+
+    a = _assess(kw)
+    if a.plan is None:
+        raise click.ClickException(f"no plan: {a.plan_error}")
+    if kw["profile_name"] and a.facts.gpu.devices and not a.profile.matches(a.facts):
+        seen = ", ".join(sorted({d.name for d in a.facts.gpu.devices}))
+        raise click.ClickException(
+            f"profile {a.profile.name} is for {a.profile.gpu.count}x {a.profile.gpu.name}, "
+            f"the facts show {len(a.facts.gpu.devices)}x {seen}; drop --profile or pass "
+            "--facts recorded on the serving host"
+        )
+    if as_json:
+        emit_json(a.plan.to_json())
+    else:
+        render_plan(a.plan)
+
+
+@main.command()
+@_plan_options
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the exact command and environment (shell-quoted) and exit.",
+)
+@click.option(
+    "--startup-timeout",
+    default=1800.0,
+    show_default=True,
+    type=float,
+    help="Seconds to wait for /health (cold starts load 62 GiB).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the API key (else VLLM_API_KEY).",
+)
+def serve(
+    as_json: bool, dry_run: bool, startup_timeout: float, api_key_file: str | None, **kw
+) -> None:
+    """Preflight, then run `vllm serve` with the plan's argv and env, supervised.
+
+    Refuses to start (exit 1) on any failed check. Waits for /health, sends one
+    smoke completion, reports ready; exits non-zero if the engine dies.
+    """
+    import os
+
+    from flashnext.command import shell_line
+    from flashnext.render import emit_json, render_findings
+
+    a = _assess(kw)
+    failed = [f for f in a.findings if f.level == "fail"]
+    if as_json:
+        emit_json(
+            {
+                **_preflight_doc(a),
+                "dry_run": dry_run,
+                "command": shell_line(a.plan.argv, a.plan.env) if a.plan else None,
+            }
+        )
+    elif failed or not dry_run:
+        render_findings(a.findings)
+        click.echo(_summary_line(a.findings))
+    if failed:
+        click.echo(
+            "serve: not starting vLLM: fix the failed checks above "
+            "(`flashnext preflight` re-checks)",
+            err=True,
+        )
+        raise SystemExit(1)
+    if dry_run:
+        if not as_json:
+            click.echo(shell_line(a.plan.argv, a.plan.env))
+        return
+    from flashnext.serve import load_api_key, supervise
+
+    env = {**os.environ, **a.plan.env}
+    base = f"http://{kw['host']}:{kw['port']}"
+    raise SystemExit(
+        supervise(
+            list(a.plan.argv),
+            env,
+            health_url=f"{base}/health",
+            completion_url=f"{base}/v1/completions",
+            model_name=kw["served_model_name"],
+            api_key=load_api_key(os.environ, api_key_file),
+            startup_timeout_s=startup_timeout,
+        )
+    )
+
+
 # ---- table commands (owner: table)
 # The PLE n-gram table: checkpoint shards → one flat file (flashnext.table).
 

@@ -53,7 +53,9 @@ def build_command(
     argv += ["--max-num-seqs", str(sched.max_num_seqs)]
     # With prefix caching off this is the prefill chunk size.
     argv += ["--max-num-batched-tokens", str(sched.max_num_batched_tokens)]
-    argv += ["--enable-prefix-caching" if sched.enable_prefix_caching else "--no-enable-prefix-caching"]
+    argv += [
+        "--enable-prefix-caching" if sched.enable_prefix_caching else "--no-enable-prefix-caching"
+    ]
     argv += ["--gpu-memory-utilization", str(profile.memory.gpu_memory_utilization)]
     # Setting KV bytes skips vLLM's memory profiling (and its cudagraph double count).
     argv += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]

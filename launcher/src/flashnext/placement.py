@@ -4,7 +4,7 @@ Pure over tensor names and the text config. The rules follow how vLLM 0.33.0
 (with our patch series) builds Qwen4Exp under pipeline parallelism:
 - `layers.N.*` lives on the rank that owns layer N;
 - the token embedding only on the first rank, the LM head and final norm only
-  on the last (patch 0001-series row A turns them into PPMissingLayer elsewhere);
+  on the last (our patch for SPEC row A makes them PPMissingLayer elsewhere);
 - the PLE n-gram table (`layers.1.ple.*` shards) stays on disk (mmap backend);
 - the vision tower is not loaded (`--language-model-only`); the MTP layer is
   not loaded unless speculative decoding is on (the profiles leave it off).
@@ -32,17 +32,13 @@ class Placement:
     """Read one row per token, not whole, during decode."""
 
 
-def is_ple_table_tensor(name: str, shape: tuple[int, ...], ple_dim: int | None) -> bool:
-    """A shard of the PLE n-gram table: a 2-D [rows, head_dim] tensor under `.ple.`."""
-    return ".ple." in name and len(shape) == 2 and ple_dim is not None and shape[1] == ple_dim
-
-
-def place_tensor(name: str, shape: tuple[int, ...], ple_head_dim: int | None) -> Placement:
+def place_tensor(name: str, ple_table_names: frozenset[str]) -> Placement:
+    """`ple_table_names`: the checkpoint names of the PLE table shards."""
     if name.startswith(("visual.", "model.visual.", "vision_tower.")) or ".visual." in name:
         return Placement("unused")
     if name.startswith(("mtp.", "model.mtp.")) or ".mtp." in name:
         return Placement("unused")
-    if is_ple_table_tensor(name, shape, ple_head_dim):
+    if name in ple_table_names:
         return Placement("disk")
     match = _LAYER.search(name)
     if match:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flashnext import qsa_sizing
+from flashnext.facts.model_derived import ple_layer_ids, ple_shard_names
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.partition import pp_layer_ranges, rank_of_layer
 from flashnext.placement import place_tensor
@@ -153,21 +154,15 @@ def qsa_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i in range(n) if (i + 1) % interval == 0)
 
 
-def ple_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
-    """`ple_layer_ids` are one-indexed in the config: [2] runs at layer index 1."""
-    return tuple(int(i) - 1 for i in text_config.get("ple_layer_ids") or ())
-
-
 def weights_per_rank(
     model: ModelFacts, ranges: list[tuple[int, int]]
 ) -> tuple[list[int], int, int]:
     """Bytes per rank, plus the dense and routed-expert bytes read by decode."""
-    text = model.text_config
-    ple_dim = _ple_head_dim(text)
+    ple_table = frozenset(ple_shard_names(model.text_config))
     per_rank = [0] * len(ranges)
     dense = routed = 0
     for tensor in model.tensors:
-        spot = place_tensor(tensor.name, tensor.shape, ple_dim)
+        spot = place_tensor(tensor.name, ple_table)
         if spot.where in ("disk", "unused"):
             continue
         if spot.where == "layer":
@@ -181,17 +176,6 @@ def weights_per_rank(
         elif not spot.embedding:
             dense += tensor.nbytes
     return per_rank, dense, routed
-
-
-def _ple_head_dim(text: dict[str, Any]) -> int | None:
-    ple_dim = text.get("ple_embed_dim")
-    heads = text.get("ple_num_heads")
-    if ple_dim and heads:
-        return int(ple_dim) // int(heads)
-    # 16 n-gram heads (2 orders x 8 heads per order) share ple_embed_dim.
-    orders = int(text.get("ngram_size", 3)) - 1
-    per_order = int(text.get("heads_per_ngram", 8))
-    return int(ple_dim) // (orders * per_order) if ple_dim else None
 
 
 def pp_buffer_for_rank(rank: int, pp_size: int, profile: Profile) -> int:
@@ -220,7 +204,7 @@ def plan(
     pp = profile.parallel.pipeline_parallel_size
     num_layers = int(text["num_hidden_layers"])
     ranges = pp_layer_ranges(num_layers, pp, options.pp_layer_partition)
-    ple_layers = ple_layer_indices(text)
+    ple_layers = ple_layer_ids(text)
     ple_ranks = tuple(sorted({rank_of_layer(i, ranges) for i in ple_layers}))
     qsa_layers = qsa_layer_indices(text)
     notes: list[str] = []
@@ -315,9 +299,13 @@ def _kv_cache_bytes(
         return Planned(kv, "flag", "--kv-cache-memory-bytes given"), pools(kv)
 
     cap = profile.memory.kv_cache_memory_bytes_max
-    kv, why = (vram_left, "VRAM left on the tightest rank") if vram_left < cap else (
-        cap,
-        f"profile cap (VRAM left on the tightest rank: {vram_left} bytes)",
+    kv, why = (
+        (vram_left, "VRAM left on the tightest rank")
+        if vram_left < cap
+        else (
+            cap,
+            f"profile cap (VRAM left on the tightest rank: {vram_left} bytes)",
+        )
     )
     if kv <= 0:
         raise PlanError(

@@ -38,3 +38,85 @@ def emit_json(obj: Any) -> None:
     if isinstance(obj, dict) and "schema_version" not in obj:
         obj = {"schema_version": SCHEMA_VERSION, **obj}
     sys.stdout.write(dumps(obj))
+
+
+LEVEL_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def render_findings(findings: Iterable[Any]) -> None:
+    """Preflight findings: one row each; failures and warnings carry their fix."""
+    table = Table(title="flashnext preflight", title_justify="left")
+    for col in ("", "check", "measured", "required", "what / fix"):
+        table.add_column(col, overflow="fold")
+    for f in findings:
+        detail = f.message if f.level == "ok" else f"{f.message}\n[bold]fix:[/] {f.fix}"
+        table.add_row(LEVEL_STYLE[f.level], f.id, f.measured, f.required, detail)
+    console().print(table)
+
+
+def render_plan(plan: Any) -> None:
+    """The plan for people: ranks, KV and host pools, roofline, then the command."""
+    from flashnext.command import shell_line
+
+    render_table(
+        f"plan: profile {plan.profile} ({plan.profile_reason})",
+        ["rank", "layers", "QSA layers", "weights", "KV", "other", "usable", "headroom"],
+        [
+            (
+                r.rank,
+                f"{r.layers[0]}-{r.layers[1] - 1}",
+                len(r.qsa_layers),
+                gib(r.weight_bytes),
+                gib(r.kv_cache_bytes),
+                gib(r.workspace_bytes + r.pp_buffer_bytes + r.activation_bytes),
+                gib(r.vram_usable_bytes),
+                gib(r.headroom_bytes),
+            )
+            for r in plan.ranks
+        ],
+    )
+    kv = plan.kv_cache_memory_bytes
+    rows = [
+        ("--kv-cache-memory-bytes", f"{kv.value}", f"{kv.source}: {kv.reason}"),
+        ("tightest rank", str(plan.tightest_rank), "sizes KV for every rank"),
+        ("PLE layers / rank", f"{list(plan.ple_layers)} / {list(plan.ple_ranks)}", "must be 0"),
+    ]
+    if plan.qsa is not None:
+        q = plan.qsa
+        rows += [
+            ("QSA block", f"{q.block_tokens} tokens x {q.num_blocks}", f"{q.tokens} tokens of K/V"),
+            (
+                "host pool / layer",
+                gib(q.per_layer_exact_bytes),
+                f"pow2 pinned: {gib(q.per_layer_pow2_bytes)}",
+            ),
+            (
+                "host pools, all",
+                gib(q.total_exact_bytes),
+                f"pow2 pinned: {gib(q.total_pow2_bytes)}",
+            ),
+            ("pinning", q.pinning, "exact = cudaHostRegister"),
+        ]
+    d = plan.decode
+    rows += [
+        (
+            "host RAM needed",
+            gib(plan.host_ram_needed_bytes),
+            f"pinned {gib(plan.pinned_bytes_needed)}",
+        ),
+        (
+            "decode bytes/token",
+            f"{d.bytes_per_token / 1e9:.2f} GB",
+            f"dense {d.dense_bytes / 1e9:.2f} + experts {d.experts_per_token}/{d.num_experts}",
+        ),
+        (
+            "roofline (1 stream)",
+            f"{d.tokens_per_s:.0f} tok/s",
+            f"{d.bandwidth_bytes_per_s / 1e9:.0f} GB/s per card",
+        ),
+    ]
+    render_table("memory and speed", ["what", "value", "why"], rows)
+    for note in plan.notes:
+        console().print(f"note: {note}")
+    console().print("[bold]command:[/]")
+    console().print(shell_line(plan.argv, plan.env), markup=False, highlight=False)

@@ -1,0 +1,27 @@
+# Shared by checks/run and ./flashnext: the launcher's own small venv.
+# Keyed by launcher/pyproject.toml, so a dependency change builds a new one;
+# the launcher itself is installed editable from this checkout on every call.
+: "${FLASHNEXT_CACHE:=$HOME/.cache/flashnext}"
+export FLASHNEXT_CACHE
+
+launcher_venv() {
+  local repo=$1 extras=${2:-} py=${FLASHNEXT_PYTHON:-python3}
+  local key venv
+  key=$( { cat "$repo/launcher/pyproject.toml"; "$py" -c 'import sys; print(sys.version)'; echo "$extras"; } \
+        | sha256sum | cut -c1-16)
+  venv="$FLASHNEXT_CACHE/launcher/$key"
+  # Venvs are not relocatable, so build in place; .complete is written last
+  # and a venv without it (an interrupted build) is rebuilt from scratch.
+  if [ ! -e "$venv/.complete" ]; then
+    echo "flashnext: building the launcher venv in $venv (one time)" >&2
+    rm -rf "$venv" && "$py" -m venv "$venv" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      setuptools wheel "$repo/launcher${extras:+[$extras]}" >&2 || return 1
+    "$venv/bin/pip" uninstall --quiet --yes flashnext >&2 || return 1
+    touch "$venv/.complete"
+  fi
+  # Editable, no deps: a few hundred ms, and always this checkout's code.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    -e "$repo/launcher" >&2 || return 1
+  echo "$venv"
+}

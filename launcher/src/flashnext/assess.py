@@ -1,0 +1,87 @@
+"""Gather facts (probe or replay), read the model, pick a profile, plan, check.
+
+The one place that strings the pure pieces together for `preflight`, `plan`
+and `serve`; the CLI renders what comes back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashnext.checks import Finding, PreflightInput, preflight
+from flashnext.facts.model import ModelFactsError, read_model_facts
+from flashnext.facts.model_derived import ple_table_shape
+from flashnext.facts.schema import HostFacts, ModelFacts, host_facts_from_json
+from flashnext.partition import PartitionError
+from flashnext.plan import Plan, PlanError, PlanOptions, plan
+from flashnext.profiles import Profile, select_profile
+
+
+@dataclass(frozen=True)
+class Assessment:
+    facts: HostFacts
+    profile: Profile
+    profile_reason: str
+    model: ModelFacts | None
+    model_error: str | None
+    plan: Plan | None
+    plan_error: str | None
+    findings: list[Finding]
+
+
+def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
+    """Replay a facts file, or probe this host for the paths and port in `options`."""
+    if facts_file is not None:
+        return host_facts_from_json(Path(facts_file).read_text(), source=facts_file)
+    from flashnext.facts.collect import collect_host_facts  # the only probing import
+
+    storage = {
+        role: path
+        for role, path in (("table", options.table_path), ("model", options.model_dir))
+        if path
+    }
+    return collect_host_facts(storage, [(options.host, options.port)])
+
+
+def read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None]:
+    if not model_dir:
+        return None, "no model directory given"
+    try:
+        return read_model_facts(model_dir), None
+    except ModelFactsError as exc:
+        return None, str(exc)
+
+
+def assess(facts: HostFacts, options: PlanOptions, profile_name: str | None) -> Assessment:
+    profile, reason = select_profile(facts, profile_name)
+    model, model_error = read_model(options.model_dir)
+    the_plan, plan_error = None, None
+    table_shape = None
+    if model is None:
+        plan_error = f"no model facts ({model_error})"
+    else:
+        try:
+            the_plan = plan(facts, model, profile, options, profile_reason=reason)
+        except (PlanError, PartitionError, KeyError, ValueError) as exc:
+            plan_error = str(exc)
+        try:
+            table_shape = ple_table_shape(model.text_config)
+        except (KeyError, ValueError):
+            table_shape = None
+    findings = preflight(
+        PreflightInput(
+            facts=facts,
+            profile=profile,
+            plan=the_plan,
+            plan_error=plan_error,
+            model=model,
+            model_error=model_error,
+            model_dir=options.model_dir,
+            table_path=options.table_path,
+            table_shape=table_shape,
+            port=options.port,
+            host=options.host,
+        )
+    )
+    return Assessment(facts, profile, reason, model, model_error, the_plan, plan_error, findings)
