@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Run the shipped Triton kernels under TRITON_INTERPRET=1 against the reference.
+
+Prints one JSON line {check: {ok, detail}}; exit 0 even when a check fails
+(the pytest wrapper asserts). fp16 and fp32 only: the interpreter reads bf16
+as raw integers. (The interpreter copies arguments itself, so allocation
+checks live in test_qsa_offload_math.py with the kernels stubbed.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("run with TRITON_INTERPRET=1 (the kernels execute on CPU tensors)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from qsa_module import load_offload_module
+from reference import bf16_close, make_case, qsa_reference
+
+m = load_offload_module()
+HEAD_DIM = 32
+
+
+def check(results, name, out, ref):
+    ok, worst = bf16_close(out, ref)
+    finite = bool(torch.isfinite(out).all())
+    results[name] = {
+        "ok": ok and finite,
+        "detail": f"worst={worst:.3f} finite={finite}",
+    }
+
+
+def main() -> None:
+    results: dict[str, dict] = {}
+    for dtype in (torch.float16, torch.float32):
+        tag = str(dtype).split(".")[-1]
+        case = make_case(
+            seed=3,
+            seq_lens=[40, 23, 70],
+            query_lens=[7, 5, 1],
+            width=24,
+            empty_rows=2,
+            dtype=dtype,
+            head_dim=HEAD_DIM,
+        )
+        ref = qsa_reference(
+            case.q,
+            case.kv_cache,
+            case.indices,
+            case.block_table,
+            case.token_to_req,
+            case.gate,
+        )
+        ws = m.OffloadWorkspace.allocate(
+            max_rows=64,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=HEAD_DIM,
+            chunk_tokens=8,
+            dtype=dtype,
+            device="cpu",
+        )
+        k, v = case.kv_cache[..., :HEAD_DIM], case.kv_cache[..., HEAD_DIM:]
+        for splits in (1, 3) if dtype == torch.float16 else (2,):
+            out = torch.full_like(case.q, float("nan"))
+            m.qsa_offload_decode(
+                case.q,
+                k,
+                v,
+                case.indices,
+                case.block_table,
+                case.token_to_req,
+                case.gate,
+                out,
+                ws,
+                splits=splits,
+                block_n=16,
+            )
+            check(results, f"decode-uva-{tag}-splits{splits}", out, ref)
+        dense = torch.full(
+            (case.q.shape[0], 24, 2, 2 * HEAD_DIM), float("nan"), dtype=dtype
+        )
+        m.qsa_offload_gather(
+            case.kv_cache, case.indices, case.block_table, case.token_to_req, dense
+        )
+        out = torch.full_like(case.q, float("nan"))
+        m.qsa_offload_attend_dense(
+            case.q,
+            dense,
+            case.indices,
+            case.token_to_req,
+            case.gate,
+            out,
+            ws,
+            splits=2,
+            block_n=16,
+        )
+        check(results, f"decode-gathered-{tag}", out, ref)
+        context_bytes = (
+            int(case.seq_lens.sum())
+            * case.kv_cache[0, 0].numel()
+            * (case.kv_cache.element_size())
+        )
+        for chunk in (1, 5, 128) if dtype == torch.float16 else (5,):
+            ws_c = m.OffloadWorkspace.allocate(
+                max_rows=64,
+                num_q_heads=4,
+                num_kv_heads=2,
+                head_dim=HEAD_DIM,
+                chunk_tokens=chunk,
+                dtype=dtype,
+                device="cpu",
+            )
+            out = torch.full_like(case.q, float("nan"))
+            counter = torch.zeros(1, dtype=torch.int64)
+            m.qsa_offload_prefill(
+                case.q,
+                case.kv_cache,
+                case.indices,
+                case.block_table,
+                case.token_to_req,
+                case.seq_lens,
+                case.gate,
+                out,
+                ws_c,
+                case.requests,
+                byte_counter=counter,
+                block_n=16,
+            )
+            check(results, f"prefill-{tag}-chunk{chunk}", out, ref)
+            results[f"prefill-bytes-{tag}-chunk{chunk}"] = {
+                "ok": int(counter) == context_bytes,
+                "detail": f"read {int(counter)} of context {context_bytes}",
+            }
+    # K/V writes: slots -1 are skipped, others land at block * B + offset.
+    arena = torch.zeros(4, 16, 2, 2 * HEAD_DIM, dtype=torch.float32)
+    key = torch.randn(5, 2, HEAD_DIM)
+    value = torch.randn(5, 2, HEAD_DIM)
+    slots = torch.tensor([17, -1, 0, 63, 40], dtype=torch.int64)
+    m.qsa_offload_store_kv(key, value, arena, slots)
+    expect = torch.zeros_like(arena)
+    for i, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            expect[slot // 16, slot % 16] = torch.cat([key[i], value[i]], dim=-1)
+    results["store-kv"] = {"ok": bool(torch.equal(arena, expect)), "detail": "slots"}
+    print(json.dumps(results, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The chunk-streamed QSA algorithm against a float64 reference, on CPU.
+
+- ``stream_prefill_torch`` (the kernels' math, tile for tile, in torch, bf16)
+  for chunk sizes from 1 row to larger than the context.
+- The Triton kernels themselves under TRITON_INTERPRET=1 (subprocess), in
+  fp16/fp32: the interpreter reads bf16 as raw integers, so bf16 runs on
+  the GPU only (checks/gpu).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from qsa_module import PATCH, TARGET, extract_new_file
+from reference import bf16_close, make_case, qsa_reference
+
+HERE = Path(__file__).resolve().parent
+
+CASES = {
+    # name: (seq_lens, query_lens, width, empty_rows)
+    "prefill-two-requests": ([40, 23], [7, 5], 24, 2),
+    "decode-batch": ([57, 9, 120], [1, 1, 1], 32, 0),
+    "mixed-decode-and-prefill": ([75, 33], [1, 12], 40, 1),
+    "all-empty": ([20], [4], 16, 4),
+}
+
+
+def _run_twin(offload, case, chunk):
+    return offload.stream_prefill_torch(
+        case.q,
+        case.kv_cache,
+        case.indices,
+        case.block_table,
+        case.token_to_req,
+        case.seq_lens,
+        case.gate,
+        case.requests,
+        chunk_tokens=chunk,
+        block_n=16,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("chunk", [1, 7, 16, 4096])
+def test_streamed_prefill_matches_float64_reference(offload, name, chunk):
+    seq_lens, query_lens, width, empty = CASES[name]
+    case = make_case(
+        seed=len(name) * 31 + chunk,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        width=width,
+        empty_rows=empty,
+    )
+    ref = qsa_reference(
+        case.q,
+        case.kv_cache,
+        case.indices,
+        case.block_table,
+        case.token_to_req,
+        case.gate,
+    )
+    out, held = _run_twin(offload, case, chunk)
+    ok, worst = bf16_close(out, ref)
+    assert ok, f"{name} chunk={chunk}: error {worst:.2f}x the bf16 bound"
+    assert held == chunk  # one work buffer of the chunk size, however many chunks
+
+
+def test_empty_rows_are_exact_zeros(offload):
+    case = make_case(seed=5, seq_lens=[30], query_lens=[6], width=16, empty_rows=6)
+    out, _ = _run_twin(offload, case, 8)
+    assert torch.count_nonzero(out) == 0
+
+
+def test_reference_is_sensitive_to_the_selection(offload):
+    # Guard against a vacuous reference: dropping one selected row changes it.
+    case = make_case(seed=9, seq_lens=[64], query_lens=[3], width=32)
+    ref = qsa_reference(
+        case.q,
+        case.kv_cache,
+        case.indices,
+        case.block_table,
+        case.token_to_req,
+        case.gate,
+    )
+    row = int(torch.argmax((case.indices[:, :-1] >= 0).sum(dim=1)))
+    first = int(torch.nonzero(case.indices[row, :-1] >= 0)[0])
+    case.indices[row, first] = -1
+    out, _ = _run_twin(offload, case, 16)
+    assert not bf16_close(out, ref)[0]
+
+
+def test_patch_hunk_is_what_gnu_patch_creates(tmp_path):
+    subprocess.run(
+        ["patch", "-p1", "-s", "-d", str(tmp_path), "-i", str(PATCH)], check=True
+    )
+    created = (tmp_path / TARGET).read_text()
+    assert created == extract_new_file(PATCH.read_text())
+    assert "import vllm" not in created and "from vllm" not in created
+
+
+def test_module_imports_only_torch_and_triton(offload):
+    import ast
+
+    tree = ast.parse(extract_new_file(PATCH.read_text()))
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    assert roots <= {"__future__", "mmap", "dataclasses", "types", "torch", "triton"}, (
+        roots
+    )
+
+
+def test_interpreted_triton_kernels_match_reference():
+    """Runs checks/qsa/interpret_kernels.py under TRITON_INTERPRET=1."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "interpret_kernels.py")],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    failed = {k: v for k, v in results.items() if not v["ok"]}
+    assert not failed, failed
+    assert len(results) >= 10
+
+
+class _Launch:
+    """Stands in for a Triton kernel: records launches, runs nothing."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(
+                (self.name, tuple(grid), kwargs.get("MODE"), kwargs.get("INIT"))
+            )
+
+        return launch
+
+
+@pytest.mark.parametrize("chunk,contexts", [(8, [40, 23]), (1, [9]), (64, [40, 23])])
+def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
+    offload, monkeypatch, chunk, contexts
+):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Factories(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.created = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if name.split(".")[0] in (
+                "empty",
+                "zeros",
+                "ones",
+                "full",
+                "new_empty",
+                "new_zeros",
+                "cat",
+                "clone",
+                "_to_copy",
+                "stack",
+            ):
+                self.created.append(name)
+            return func(*args, **(kwargs or {}))
+
+    log = []
+    for name in ("_attend_kernel", "_copy_chunk_kernel", "_finalize_kernel"):
+        monkeypatch.setattr(offload, name, _Launch(name, log))
+    case = make_case(
+        seed=2, seq_lens=contexts, query_lens=[3] * len(contexts), width=16
+    )
+    ws = offload.OffloadWorkspace.allocate(
+        max_rows=16,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        chunk_tokens=chunk,
+        dtype=torch.bfloat16,
+        device="cpu",
+    )
+    out = torch.empty_like(case.q)
+    with Factories() as rec:
+        offload.qsa_offload_prefill(
+            case.q,
+            case.kv_cache,
+            case.indices,
+            case.block_table,
+            case.token_to_req,
+            case.seq_lens,
+            case.gate,
+            out,
+            ws,
+            case.requests,
+        )
+    assert rec.created == []
+    copies = [entry for entry in log if entry[0] == "_copy_chunk_kernel"]
+    assert len(copies) == sum(-(-n // chunk) for n in contexts)
+    # One state init per request, then one accumulate pass per chunk.
+    attends = [entry for entry in log if entry[0] == "_attend_kernel"]
+    assert [e[3] for e in attends].count(True) == len(contexts)
+    assert len(attends) == len(contexts) + len(copies)
+    assert sum(1 for e in log if e[0] == "_finalize_kernel") == len(contexts)
