@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -302,3 +303,75 @@ def test_real_dev_shm_is_tmpfs_without_devices():
     assert facts.network is False
     st = os.statvfs("/dev/shm")
     assert facts.free_bytes == pytest.approx(st.f_bavail * st.f_frsize, abs=256 << 20)
+
+
+# ---------------------------------------------------------------- real mounts, private namespace
+
+PROBE_CHILD = (
+    "import dataclasses, json, sys\n"
+    "from flashnext.facts.storage import probe_storage\n"
+    "print(json.dumps([dataclasses.asdict(probe_storage(p)) for p in sys.argv[1:]]))\n"
+)
+
+
+def _in_private_mounts(tmp_path: Path, setup: str, *paths: str) -> list[dict]:
+    """Run `setup` (shell) in a new mount namespace, then probe `paths` from Python there.
+
+    The mounts vanish with the namespace; nothing is left on the host.
+    """
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare not installed")
+    script = f'set -e\n{setup}\nexec "$@"'
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", script, "bash"]
+        + [sys.executable, "-c", PROBE_CHILD, *paths],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot make private mounts here: {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout)
+
+
+def test_real_tmpfs_with_a_space_and_a_bind_mount(tmp_path):
+    spaced = tmp_path / "mnt x"
+    bound = tmp_path / "bound"
+    source = Path(__file__).resolve().parent
+    setup = (
+        f'mkdir -p "{spaced}" "{bound}"\n'
+        f'mount -t tmpfs -o size=16m flashnext-test "{spaced}"\n'
+        f'mount --bind "{source}" "{bound}"'
+    )
+    tmpfs, bind, original = _in_private_mounts(
+        tmp_path, setup, str(spaced / "table.bin"), str(bound / "x"), str(source)
+    )
+    assert (tmpfs["mount_point"], tmpfs["fs_type"], tmpfs["mount_source"]) == (
+        str(spaced),
+        "tmpfs",
+        "flashnext-test",
+    )
+    assert tmpfs["devices"] == [] and tmpfs["free_bytes"] == 16 << 20
+    # A bind mount reaches the same disk as the directory it shows.
+    assert bind["mount_point"] == str(bound)
+    assert bind["devices"] == original["devices"] != []
+    assert bind["fs_type"] == original["fs_type"]
+
+
+def test_real_loop_device(tmp_path):
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("e2fsprogs not installed")
+    image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    setup = f'mkdir -p "{mnt}"\nmount -o loop "{image}" "{mnt}"'
+    (facts,) = _in_private_mounts(tmp_path, setup, str(mnt / "ple.bin"))
+    assert facts["fs_type"] == "ext4"
+    assert facts["mount_source"].startswith("/dev/loop")
+    (device,) = facts["devices"]
+    assert device["transport"] == "loop"
+    assert device["name"] == os.path.basename(facts["mount_source"])
+    rotational = Path(f"/sys/class/block/{device['name']}/queue/rotational")
+    if rotational.exists():  # the loop device may already be released after the child exited
+        assert device["rotational"] is (rotational.read_text().strip() == "1")
