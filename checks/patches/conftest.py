@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The proofs run vLLM's CPU platform, offline (CPU_TESTING.md); set before
+    # the first `import vllm`, which happens inside the tests.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     config.addinivalue_line(
         "markers",
         "proves(patch, raises=None): test shows what patch NNNN-topic.patch fixes; "
