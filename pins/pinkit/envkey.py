@@ -1,0 +1,44 @@
+"""The cache key of a built env: everything that changes what ends up in it.
+
+An env is the lock installed into a venv of one interpreter, then patched by
+patches/apply with the series. So the key covers the lock's bytes, every file
+under patches/ that can affect patching (the series, each patch, apply and its
+helpers; prose *.md files excluded), the interpreter, and BUILDER_VERSION for
+changes to the build steps themselves.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+BUILDER_VERSION = 1
+"""Bump when build-env's steps change what a built env contains."""
+
+_IGNORED_SUFFIXES = (".md", ".pyc")
+_IGNORED_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def patch_inputs(patches_dir: Path) -> dict[str, str]:
+    """sha256 of every file under patches/ that can change the patched tree."""
+    patches_dir = Path(patches_dir)
+    inputs = {}
+    for path in sorted(patches_dir.rglob("*")):
+        rel = path.relative_to(patches_dir)
+        if not path.is_file() or _IGNORED_DIRS.intersection(rel.parts):
+            continue
+        if path.name.endswith(_IGNORED_SUFFIXES):
+            continue
+        inputs[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return inputs
+
+
+def env_key(lock_bytes: bytes, patches: dict[str, str], interpreter: str) -> tuple[str, dict]:
+    """(key, the inputs it was computed from) for one env."""
+    inputs = {
+        "builder_version": BUILDER_VERSION,
+        "lock_sha256": hashlib.sha256(lock_bytes).hexdigest(),
+        "patches": patches,
+        "interpreter": interpreter,
+    }
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()[:32], inputs
