@@ -266,15 +266,24 @@ def check_free_space(path: Path, need: int) -> None:
 
 
 def ensure_wheelhouse(layout, python, target, lock_path, lock_sha, pins, seed_dirs) -> Path:
+    """The complete wheelhouse for this lock, filling it first if needed."""
     wheels = wheelhouse.path_for(layout.cache, lock_sha)
     if wheelhouse.is_complete(wheels, lock_sha):
         return wheels
-    siblings = (
-        sorted(p for p in wheels.parent.glob("*") if p != wheels) if wheels.parent.is_dir() else []
-    )
+    siblings = sorted(p for p in wheels.parent.glob("*") if p != wheels)
     taken = wheelhouse.seed(wheels, pins, [*seed_dirs, *siblings])
-    log(f"wheelhouse {wheels}: {taken} wheels seeded, downloading the rest")
-    wheelhouse.download(python, target, lock_path, wheels)
+    missing = wheelhouse.missing(wheels, pins)
+    log(f"wheelhouse {wheels}: {taken} wheels seeded, {len(missing)} to download")
+    if missing:
+        wheelhouse.download(python, target, lock_path, wheels)
+    else:  # nothing for pip to check: hash what is there ourselves
+        problems = wheelhouse.verify(wheels, pins)
+        if problems:
+            raise wheelhouse.WheelhouseError(
+                f"{wheels} does not match the lock: "
+                + "; ".join(problems[:5])
+                + f"; delete {wheels} and rerun"
+            )
     wheelhouse.mark_complete(wheels, lock_sha)
     return wheels
 

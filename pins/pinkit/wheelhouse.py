@@ -47,6 +47,11 @@ def _wanted(pins: list[Pin], present: Path) -> dict[tuple[str, str], Pin]:
     return {(p.name, p.version): p for p in pins if (p.name, p.version) not in have}
 
 
+def missing(wheelhouse: Path, pins: list[Pin]) -> list[Pin]:
+    """Pins with no wheel of their name and version in the wheelhouse yet."""
+    return list(_wanted(pins, wheelhouse).values())
+
+
 def seed(wheelhouse: Path, pins: list[Pin], seed_dirs: list[Path]) -> int:
     """Link in seed files whose sha256 the lock names; return how many were taken."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
