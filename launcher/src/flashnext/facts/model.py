@@ -1,0 +1,371 @@
+"""ModelFacts from a checkpoint directory, without reading a byte of tensor data.
+
+What is read: config.json (with its quantization_config), generation_config.json
+(optional), model.safetensors.index.json or a single model.safetensors, and the
+header of every shard. A safetensors file is an 8-byte little-endian header
+length N, N bytes of JSON, then the data region; each tensor's `data_offsets`
+are relative to the start of that region. The header reader below is our own
+and as strict as the `safetensors` library that vLLM loads with: a file that
+library would refuse is refused here, with the file named and the fix said.
+
+Judging the model (arch is qwen4_exp, metadata defects, sizes) is not done
+here: that is preflight's job over the facts this returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterable
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from flashnext.facts.schema import ModelFacts, ShardInfo, TensorInfo
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+# The `safetensors` library refuses headers above 100 MB (MAX_HEADER_SIZE);
+# so do we, before allocating anything of that size.
+MAX_HEADER_BYTES = 100_000_000
+
+# Bits per element of every dtype tag the safetensors format defines (0.8.0).
+# Sub-byte types (F4, F6_*) pack elements; a tensor's byte size must be whole.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+}
+
+
+class ModelFactsError(ValueError):
+    """A model directory this launcher cannot read; the message names the file and the fix."""
+
+
+# ---------------------------------------------------------------- safetensors headers
+
+
+def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
+    """Bytes a tensor of this dtype and shape occupies in a safetensors data region."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    bits = DTYPE_BITS[dtype] * count
+    if bits % 8:
+        raise ValueError(f"{count} elements of {dtype} are not a whole number of bytes")
+    return bits // 8
+
+
+def read_safetensors_header(path: Path) -> tuple[int, int, list[TensorInfo]]:
+    """Parse and validate one shard's header: (file size, header length, tensors).
+
+    Tensors come back in header order; `TensorInfo.file` is the file's name.
+    """
+    where = str(path)
+    fix = "re-download this shard (a partial or corrupt download is the usual cause)"
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise ModelFactsError(
+                    f"{where}: truncated: {size} bytes, too short for the 8-byte header "
+                    f"length; {fix}"
+                )
+            (length,) = struct.unpack("<Q", prefix)
+            if length == 0 or length > MAX_HEADER_BYTES:
+                raise ModelFactsError(
+                    f"{where}: header length {length} is not a plausible safetensors header "
+                    f"(1..{MAX_HEADER_BYTES} bytes); not a safetensors file or corrupt; {fix}"
+                )
+            if 8 + length > size:
+                raise ModelFactsError(
+                    f"{where}: truncated: header says {length} bytes of JSON but the file has "
+                    f"{size - 8} after the length prefix; {fix}"
+                )
+            raw = fh.read(length)
+    except OSError as exc:
+        raise ModelFactsError(
+            f"{where}: cannot read ({exc.strerror}); check the path and its permissions"
+        ) from exc
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFactsError(f"{where}: header is not valid JSON ({exc}); {fix}") from exc
+    if not isinstance(header, dict):
+        raise ModelFactsError(f"{where}: header is JSON but not an object; {fix}")
+
+    data_bytes = size - 8 - length
+    meta = header.pop("__metadata__", None)
+    if meta is not None and (
+        not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())
+    ):
+        raise ModelFactsError(f"{where}: __metadata__ must map strings to strings; {fix}")
+
+    # Hot loop (a full checkpoint has ~225k tensors): validate with a few cheap
+    # checks per tensor; anything odd goes to `_tensor_entry` for the message.
+    name = path.name
+    bits_of = DTYPE_BITS
+    tensors: list[TensorInfo] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for key, entry in header.items():
+        try:
+            dtype = entry["dtype"]
+            shape = entry["shape"]
+            start, end = entry["data_offsets"]
+            nbits = bits_of[dtype] * prod(shape)
+            ok = (
+                type(nbits) is int
+                and type(start) is int
+                and type(end) is int
+                and type(shape) is list
+                and not nbits & 7
+                and start >= 0
+                and end - start == nbits >> 3
+                and (not shape or min(shape) >= 0)
+            )
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            _tensor_entry(where, name, key, entry, fix)  # raises with the precise reason
+            raise ModelFactsError(f"{where}: tensor {key!r} has an invalid entry; {fix}")
+        if end > data_bytes:
+            raise ModelFactsError(
+                f"{where}: tensor {key!r} ends at byte {end} of the data region, which holds "
+                f"only {data_bytes} bytes: the file is truncated; {fix}"
+            )
+        starts.append(start)
+        ends.append(end)
+        tensors.append(TensorInfo(key, dtype, tuple(shape), nbits >> 3, name))
+
+    _check_tiling(where, fix, tensors, starts, ends, data_bytes)
+    return size, length, tensors
+
+
+def _check_tiling(
+    where: str,
+    fix: str,
+    tensors: list[TensorInfo],
+    starts: list[int],
+    ends: list[int],
+    data_bytes: int,
+) -> None:
+    """The safetensors library requires the tensors to tile the data region exactly:
+    sorted by offset, each starts where the previous one ended, the last ends at
+    the end of the file."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    s = [starts[i] for i in order]
+    e = [ends[i] for i in order]
+    if s[:1] == [0] * min(1, len(s)) and s[1:] == e[:-1] and (e[-1] if e else 0) == data_bytes:
+        return
+    cursor = 0
+    for i in order:
+        key, start, end = tensors[i].name, starts[i], ends[i]
+        if start < cursor:
+            raise ModelFactsError(
+                f"{where}: tensor {key!r} at data offsets [{start}, {end}) overlaps the previous "
+                f"tensor (which ends at {cursor}); {fix}"
+            )
+        if start > cursor:
+            raise ModelFactsError(
+                f"{where}: {start - cursor} unused bytes before tensor {key!r} at offset {start}; "
+                f"the safetensors library refuses holes in the data region; {fix}"
+            )
+        cursor = end
+    raise ModelFactsError(
+        f"{where}: tensors cover {cursor} bytes but the data region holds {data_bytes}: "
+        f"{'trailing bytes' if cursor < data_bytes else 'truncated'}; {fix}"
+    )
+
+
+def _tensor_entry(where: str, file: str, key: str, entry: Any, fix: str) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise ModelFactsError(f"{where}: entry for tensor {key!r} is not an object; {fix}")
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise ModelFactsError(
+            f"{where}: tensor {key!r} has unknown dtype {dtype!r} "
+            f"(known: {', '.join(sorted(DTYPE_BITS))}); {fix}"
+        )
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ModelFactsError(f"{where}: tensor {key!r} has an invalid shape {shape!r}; {fix}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise ModelFactsError(
+            f"{where}: tensor {key!r} has invalid data_offsets {offsets!r}; {fix}"
+        )
+    try:
+        nbytes = tensor_nbytes(dtype, shape)
+    except ValueError as exc:
+        raise ModelFactsError(f"{where}: tensor {key!r}: {exc}; {fix}") from exc
+    if offsets[1] - offsets[0] != nbytes:
+        raise ModelFactsError(
+            f"{where}: tensor {key!r} is {dtype} {shape} = {nbytes} bytes but its data_offsets "
+            f"{offsets} span {offsets[1] - offsets[0]}; {fix}"
+        )
+    return TensorInfo(name=key, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=file)
+
+
+# ---------------------------------------------------------------- the model directory
+
+
+def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ModelFactsError(f"{path}: missing {what}; {fix}") from exc
+    except OSError as exc:
+        raise ModelFactsError(f"{path}: cannot read {what} ({exc.strerror}); {fix}") from exc
+    except UnicodeDecodeError as exc:
+        raise ModelFactsError(f"{path}: {what} is not UTF-8 text; {fix}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelFactsError(f"{path}: {what} is not valid JSON ({exc}); {fix}") from exc
+    if not isinstance(doc, dict):
+        raise ModelFactsError(f"{path}: {what} must be a JSON object; {fix}")
+    return doc
+
+
+def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | None]:
+    """Shard file names in index order, and the index's weight_map (None without an index)."""
+    index_path = model_dir / INDEX_FILE
+    fix = "re-download the checkpoint's index file"
+    if index_path.exists():
+        index = _read_json(index_path, "safetensors index", fix)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelFactsError(f"{index_path}: no weight_map (tensor name -> file); {fix}")
+        files: dict[str, None] = {}
+        for tensor, file in weight_map.items():
+            if not isinstance(file, str) or not file or "/" in file or file in (".", ".."):
+                raise ModelFactsError(
+                    f"{index_path}: weight_map entry {tensor!r} names {file!r}, not a file "
+                    f"in the model directory; {fix}"
+                )
+            files.setdefault(file)
+        return tuple(files), weight_map
+    if (model_dir / SINGLE_FILE).exists():
+        return (SINGLE_FILE,), None
+    raise ModelFactsError(
+        f"{model_dir}: neither {INDEX_FILE} nor {SINGLE_FILE} found; point --model at the "
+        "checkpoint directory (the one holding config.json and the .safetensors files) and "
+        "finish the download"
+    )
+
+
+def read_model_facts(model_dir: str | os.PathLike[str]) -> ModelFacts:
+    """Read a checkpoint directory's configs and every shard header. Raises ModelFactsError."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ModelFactsError(
+            f"{root}: not a directory; pass the checkpoint directory (holding config.json)"
+        )
+    config = _read_json(
+        root / CONFIG_FILE,
+        "model config",
+        "point --model at the checkpoint directory and make sure the download is complete",
+    )
+    quant = config.get("quantization_config")
+    if quant is None and isinstance(config.get("text_config"), dict):
+        quant = config["text_config"].get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ModelFactsError(
+            f"{root / CONFIG_FILE}: quantization_config is {type(quant).__name__}, not an "
+            "object; restore config.json from the published checkpoint"
+        )
+    generation = None
+    if (root / GENERATION_CONFIG_FILE).exists():
+        generation = _read_json(
+            root / GENERATION_CONFIG_FILE,
+            "generation config",
+            "restore generation_config.json from the published checkpoint or delete it",
+        )
+
+    files, weight_map = _shard_files(root)
+    shards: list[ShardInfo] = []
+    tensors: list[TensorInfo] = []
+    seen: dict[str, str] = {}
+    for file in files:
+        path = root / file
+        if not path.is_file():
+            raise ModelFactsError(
+                f"{path}: missing shard named by {INDEX_FILE}; the download is incomplete: "
+                "fetch the missing file(s) again"
+            )
+        size, header_len, shard_tensors = read_safetensors_header(path)
+        names = dict.fromkeys([info.name for info in shard_tensors], file)
+        if not seen.keys().isdisjoint(names):
+            dup = next(n for n in names if n in seen)
+            raise ModelFactsError(
+                f"{path}: tensor {dup!r} is also in {seen[dup]}; the checkpoint mixes "
+                "files from two exports: download it again into an empty directory"
+            )
+        seen.update(names)
+        shards.append(ShardInfo(file, size, header_len, len(shard_tensors)))
+        tensors.extend(shard_tensors)
+
+    if weight_map is not None:
+        _check_index_matches(root / INDEX_FILE, weight_map, seen)
+
+    return ModelFacts(
+        path=str(root),
+        config=config,
+        quantization_config=quant,
+        generation_config=generation,
+        index_files=files,
+        shards=tuple(shards),
+        tensors=tuple(tensors),
+    )
+
+
+def _check_index_matches(
+    index_path: Path, weight_map: dict[str, str], seen: dict[str, str]
+) -> None:
+    """Every indexed tensor is in the file the index names, and every stored tensor is indexed."""
+    fix = "the index and the shards come from different exports: download both again"
+    if len(weight_map) == len(seen) and weight_map == seen:
+        return
+    for tensor, file in weight_map.items():
+        actual = seen.get(tensor)
+        if actual is None:
+            raise ModelFactsError(
+                f"{index_path}: tensor {tensor!r} is mapped to {file} but no shard holds it; {fix}"
+            )
+        if actual != file:
+            raise ModelFactsError(
+                f"{index_path}: tensor {tensor!r} is mapped to {file} but stored in {actual}; {fix}"
+            )
+    extra = sorted(set(seen) - set(weight_map))
+    raise ModelFactsError(
+        f"{index_path}: {len(extra)} tensor(s) stored in shards but missing from weight_map, "
+        f"e.g. {extra[0]!r} in {seen[extra[0]]}; {fix}"
+    )

@@ -1,0 +1,129 @@
+"""Pure values derived from a Qwen4Exp config, computed exactly as vLLM 0.33.0 does.
+
+For the planner and preflight; nothing here touches the disk. Sources (paths
+under the `vllm/` package of the 0.33.0 wheel):
+- PLE table rows: `models/qwen4_exp/nvidia/ngram_embedding.py`
+  (`_make_vocab_layout`, `round_up(total, make_ngram_vocab_size_divisible_by)`);
+  head h of the PLE layer with dense id d has as many rows as the
+  (d*heads + h + 1)-th prime >= ngram_vocab_size_base.
+- PLE shard names and rows: same file, `load_weights` (`ngram_embedding.shard_<i>.weight`,
+  shard rows = ceil(rows / split_ngram_parts), the last shard may be shorter).
+- Sampling keys: `config/model.py` `ModelConfig.get_diff_sampling_param`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Keys vLLM 0.33.0 takes from generation_config.json as default sampling
+# parameters. With none of them present it falls back to its neutral defaults
+# (temperature 1, top_p 1, top_k 0: sampling over the whole 248k vocabulary).
+VLLM_SAMPLING_KEYS: tuple[str, ...] = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+    "skip_special_tokens",
+)
+
+# Where the published (Qwen4ExpForConditionalGeneration) checkpoint keeps the
+# text model; vLLM maps it to `language_model.model.` when loading.
+TEXT_PREFIX = "model.language_model."
+
+
+def sampling_keys_present(generation_config: dict[str, Any] | None) -> tuple[str, ...]:
+    """The vLLM sampling keys a generation_config sets.
+
+    An empty tuple means vLLM serves with its neutral defaults.
+    """
+    if not generation_config:
+        return ()
+    return tuple(k for k in VLLM_SAMPLING_KEYS if generation_config.get(k) is not None)
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (the first 12 primes as witnesses)."""
+    if n < 2:
+        return False
+    witnesses = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for p in witnesses:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        r += 1
+    for a in witnesses:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _primes_from(start: int, count: int) -> list[int]:
+    """The first `count` primes >= start."""
+    out: list[int] = []
+    n = start
+    while len(out) < count:
+        if _is_prime(n):
+            out.append(n)
+        n += 1
+    return out
+
+
+def ple_layer_ids(text_config: dict[str, Any]) -> tuple[int, ...]:
+    """Zero-based decoder layer indices that hold a PLE module (`ple_layer_ids` is one-based)."""
+    return tuple(sorted({int(i) - 1 for i in text_config.get("ple_layer_ids") or ()}))
+
+
+def ple_ngram_heads(text_config: dict[str, Any]) -> int:
+    """Hashed n-gram heads per PLE layer: (ngram_size - 1) orders x heads_per_ngram."""
+    return (int(text_config.get("ngram_size", 3)) - 1) * int(text_config.get("heads_per_ngram", 8))
+
+
+def ple_head_vocab_sizes(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, ...]:
+    """Rows of each n-gram head's hash table for the `ple_index`-th PLE layer (dense id)."""
+    heads = ple_ngram_heads(text_config)
+    base = int(text_config.get("ngram_vocab_size_base", 20_000_000))
+    primes = _primes_from(base, (ple_index + 1) * heads)
+    return tuple(primes[ple_index * heads :])
+
+
+def ple_table_shape(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, int]:
+    """(rows, cols) of one PLE layer's n-gram table: 320001536 x 160 for the shipped config."""
+    heads = ple_ngram_heads(text_config)
+    embed_dim = int(text_config.get("ple_embed_dim") or text_config["hidden_size"])
+    if heads <= 0 or embed_dim % heads:
+        raise ValueError(f"ple_embed_dim {embed_dim} is not divisible by {heads} n-gram heads")
+    total = sum(ple_head_vocab_sizes(text_config, ple_index))
+    divisor = int(text_config.get("make_ngram_vocab_size_divisible_by", 128))
+    rows = -(-total // divisor) * divisor
+    return rows, embed_dim // heads
+
+
+def ple_shard_rows(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, ...]:
+    """Rows of each checkpoint shard of a PLE table, in shard order."""
+    rows, _ = ple_table_shape(text_config, ple_index)
+    parts = int(text_config.get("split_ngram_parts", 512))
+    per = -(-rows // parts)
+    return tuple(max(0, min(per, rows - i * per)) for i in range(parts))
+
+
+def ple_shard_names(text_config: dict[str, Any], prefix: str = TEXT_PREFIX) -> tuple[str, ...]:
+    """Checkpoint names of every PLE table shard, all PLE layers, in load order."""
+    parts = int(text_config.get("split_ngram_parts", 512))
+    return tuple(
+        f"{prefix}layers.{layer}.ple.ple_embedding.ngram_embedding.shard_{i}.weight"
+        for layer in ple_layer_ids(text_config)
+        for i in range(parts)
+    )
