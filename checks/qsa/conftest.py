@@ -14,9 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-torch = pytest.importorskip(
-    "torch", reason="checks/qsa needs torch (use the vLLM env python)"
-)
+torch = pytest.importorskip("torch", reason="checks/qsa needs torch (use the vLLM env python)")
 
 
 @pytest.fixture(scope="session")

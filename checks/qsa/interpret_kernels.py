@@ -20,8 +20,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from qsa_module import load_offload_module
-from reference import bf16_close, make_case, qsa_reference
+from qsa_module import load_offload_module  # noqa: E402
+from reference import bf16_close, make_case, qsa_reference  # noqa: E402
 
 m = load_offload_module()
 HEAD_DIM = 32
@@ -83,9 +83,7 @@ def main() -> None:
                 block_n=16,
             )
             check(results, f"decode-uva-{tag}-splits{splits}", out, ref)
-        dense = torch.full(
-            (case.q.shape[0], 24, 2, 2 * HEAD_DIM), float("nan"), dtype=dtype
-        )
+        dense = torch.full((case.q.shape[0], 24, 2, 2 * HEAD_DIM), float("nan"), dtype=dtype)
         m.qsa_offload_gather(
             case.kv_cache, case.indices, case.block_table, case.token_to_req, dense
         )
@@ -103,9 +101,7 @@ def main() -> None:
         )
         check(results, f"decode-gathered-{tag}", out, ref)
         context_bytes = (
-            int(case.seq_lens.sum())
-            * case.kv_cache[0, 0].numel()
-            * (case.kv_cache.element_size())
+            int(case.seq_lens.sum()) * case.kv_cache[0, 0].numel() * (case.kv_cache.element_size())
         )
         for chunk in (1, 5, 128) if dtype == torch.float16 else (5,):
             ws_c = m.OffloadWorkspace.allocate(

@@ -45,9 +45,7 @@ def extract_new_file(patch_text: str, target: str = TARGET) -> str:
         count = int(match.group(1) or 1)
         body = lines[i + 2 : i + 2 + count]
         if len(body) != count or any(not ln.startswith("+") for ln in body):
-            raise PatchError(
-                f"{target}: hunk is shorter than its header says ({count} lines)"
-            )
+            raise PatchError(f"{target}: hunk is shorter than its header says ({count} lines)")
         text = "".join(ln[1:] for ln in body)
         following = lines[i + 2 + count] if i + 2 + count < len(lines) else ""
         if following.startswith("\\ No newline"):

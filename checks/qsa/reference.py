@@ -16,9 +16,7 @@ from dataclasses import dataclass
 import torch
 
 
-def qsa_reference(
-    q, kv_cache, indices, block_table, token_to_req, gate
-) -> torch.Tensor:
+def qsa_reference(q, kv_cache, indices, block_table, token_to_req, gate) -> torch.Tensor:
     """Float64 output [rows, q_heads, dim] (attention rounded to q.dtype, gated)."""
     rows, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
@@ -35,17 +33,13 @@ def qsa_reference(
         blocks = block_table[request, tokens // block_size].long()
         if bool(((blocks < 0) | (blocks >= num_blocks)).any()):
             raise ValueError(f"row {row} selects a token without a block")
-        rows_kv = kv_cache[
-            blocks, tokens % block_size
-        ].double()  # [n, kv_heads, 2 * dim]
+        rows_kv = kv_cache[blocks, tokens % block_size].double()  # [n, kv_heads, 2 * dim]
         for head in range(num_q_heads):
             keys = rows_kv[:, head // group, :head_dim]
             values = rows_kv[:, head // group, head_dim:]
             scores = (keys @ q[row, head].double()) * head_dim**-0.5
             attn = torch.softmax(scores, dim=0) @ values
-            out[row, head] = attn.to(q.dtype).double() * torch.sigmoid(
-                gate[row, head].double()
-            )
+            out[row, head] = attn.to(q.dtype).double() * torch.sigmoid(gate[row, head].double())
     return out
 
 
@@ -86,9 +80,7 @@ def make_case(
     table = torch.full((len(seq_lens), max(pages) + 1), -1, dtype=torch.int32)
     for req, n in enumerate(pages):
         table[req, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
-    kv_cache = torch.randn(
-        num_blocks, block_size, num_kv_heads, 2 * head_dim, generator=gen
-    )
+    kv_cache = torch.randn(num_blocks, block_size, num_kv_heads, 2 * head_dim, generator=gen)
     kv_cache = kv_cache.to(dtype)
     rows = sum(query_lens)
     indices = torch.full((rows, width + 1), -1, dtype=torch.int32)

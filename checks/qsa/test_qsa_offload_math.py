@@ -96,9 +96,7 @@ def test_reference_is_sensitive_to_the_selection(offload):
 
 
 def test_patch_hunk_is_what_gnu_patch_creates(tmp_path):
-    subprocess.run(
-        ["patch", "-p1", "-s", "-d", str(tmp_path), "-i", str(PATCH)], check=True
-    )
+    subprocess.run(["patch", "-p1", "-s", "-d", str(tmp_path), "-i", str(PATCH)], check=True)
     created = (tmp_path / TARGET).read_text()
     assert created == extract_new_file(PATCH.read_text())
     assert "import vllm" not in created and "from vllm" not in created
@@ -114,9 +112,7 @@ def test_module_imports_only_torch_and_triton(offload):
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             roots.add(node.module.split(".")[0])
-    assert roots <= {"__future__", "mmap", "dataclasses", "types", "torch", "triton"}, (
-        roots
-    )
+    assert roots <= {"__future__", "mmap", "dataclasses", "types", "torch", "triton"}, roots
 
 
 def test_interpreted_triton_kernels_match_reference():
@@ -145,9 +141,7 @@ class _Launch:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.log.append(
-                (self.name, tuple(grid), kwargs.get("MODE"), kwargs.get("INIT"))
-            )
+            self.log.append((self.name, tuple(grid), kwargs.get("MODE"), kwargs.get("INIT")))
 
         return launch
 
@@ -183,9 +177,7 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
     log = []
     for name in ("_attend_kernel", "_copy_chunk_kernel", "_finalize_kernel"):
         monkeypatch.setattr(offload, name, _Launch(name, log))
-    case = make_case(
-        seed=2, seq_lens=contexts, query_lens=[3] * len(contexts), width=16
-    )
+    case = make_case(seed=2, seq_lens=contexts, query_lens=[3] * len(contexts), width=16)
     ws = offload.OffloadWorkspace.allocate(
         max_rows=16,
         num_q_heads=4,
