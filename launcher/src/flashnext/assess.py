@@ -53,9 +53,17 @@ def read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None]:
         return None, str(exc)
 
 
-def assess(facts: HostFacts, options: PlanOptions, profile_name: str | None) -> Assessment:
+def assess(
+    facts: HostFacts,
+    options: PlanOptions,
+    profile_name: str | None,
+    model: ModelFacts | None = None,
+) -> Assessment:
+    """`model`: facts already read from options.model_dir (tests reuse one read)."""
     profile, reason = select_profile(facts, profile_name)
-    model, model_error = read_model(options.model_dir)
+    model_error = None
+    if model is None:
+        model, model_error = read_model(options.model_dir)
     the_plan, plan_error = None, None
     table_shape = None
     if model is None:

@@ -335,6 +335,7 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
             "rank 0",
             f"partition {[e - s for s, e in plan.pp_ranges]}",
         )
+    yield from _kv_capacity(inp)
     for r in plan.ranks:
         if r.headroom_bytes < 0:
             yield Finding(
@@ -353,6 +354,41 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
                 f"<= {gib(r.vram_usable_bytes)}",
                 f"headroom {gib(r.headroom_bytes)}",
             )
+
+
+def _kv_capacity(inp: PreflightInput) -> Iterator[Finding]:
+    plan, sched = inp.plan, inp.profile.scheduler
+    if plan.qsa is None:
+        return
+    tokens, max_len = plan.qsa.tokens, plan.max_model_len.value
+    want = sched.max_num_seqs * max_len
+    required = f">= {max_len} (one full-length request)"
+    if tokens < max_len:
+        yield Finding(
+            "kv.capacity",
+            "fail",
+            f"{tokens} tokens",
+            required,
+            f"the KV cache holds {tokens} tokens, less than --max-model-len {max_len}: vLLM "
+            "refuses to start",
+            "raise --kv-cache-memory-bytes, or lower --max-model-len",
+        )
+    elif tokens < want:
+        yield Finding(
+            "kv.capacity",
+            "warn",
+            f"{tokens} tokens",
+            f">= {want} ({sched.max_num_seqs} x {max_len})",
+            f"{sched.max_num_seqs} full-length requests need {want} tokens; longer ones queue",
+            "accept it, or raise --kv-cache-memory-bytes if VRAM allows",
+        )
+    else:
+        yield _ok(
+            "kv.capacity",
+            f"{tokens} tokens",
+            f">= {want}",
+            f"{sched.max_num_seqs} full-length requests fit",
+        )
 
 
 # ---------------------------------------------------------------- model

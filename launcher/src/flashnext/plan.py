@@ -159,18 +159,26 @@ def weights_per_rank(
 ) -> tuple[list[int], int, int]:
     """Bytes per rank, plus the dense and routed-expert bytes read by decode."""
     ple_table = frozenset(ple_shard_names(model.text_config))
+    rank_of = {i: r for r, (start, end) in enumerate(ranges) for i in range(start, end)}
+    last = len(ranges) - 1
     per_rank = [0] * len(ranges)
     dense = routed = 0
     for tensor in model.tensors:
         spot = place_tensor(tensor.name, ple_table)
-        if spot.where in ("disk", "unused"):
-            continue
-        if spot.where == "layer":
-            per_rank[rank_of_layer(spot.layer, ranges)] += tensor.nbytes
-        elif spot.where == "first":
+        where = spot.where
+        if where == "layer":
+            if spot.layer not in rank_of:
+                raise PlanError(
+                    f"{tensor.name}: layer {spot.layer} is beyond num_hidden_layers "
+                    f"({len(rank_of)}); the checkpoint does not match its config.json"
+                )
+            per_rank[rank_of[spot.layer]] += tensor.nbytes
+        elif where == "first":
             per_rank[0] += tensor.nbytes
-        else:
-            per_rank[-1] += tensor.nbytes
+        elif where == "last":
+            per_rank[last] += tensor.nbytes
+        else:  # on disk (PLE table) or not loaded (vision, MTP)
+            continue
         if spot.routed_expert:
             routed += tensor.nbytes
         elif not spot.embedding:
@@ -308,10 +316,10 @@ def _kv_cache_bytes(
         )
     )
     if kv <= 0:
-        raise PlanError(
-            f"no VRAM left for the KV cache: the tightest rank is short by {-kv} bytes; "
-            "use GPUs with more memory or move layers with VLLM_PP_LAYER_PARTITION"
-        )
+        # Nothing fits: plan zero KV and let preflight show which rank overflows.
+        return Planned(
+            0, "derived", f"no VRAM left: the tightest rank is short by {-kv} bytes"
+        ), pools(0)
     if offload.enabled:
         fitted = qsa_sizing.largest_kv_within_host_cap(
             text, layers_per_rank, kv, offload.max_host_bytes, offload.host_pinning

@@ -1,0 +1,32 @@
+"""Session fixtures shared by the launcher tests: checkpoint skeletons and their facts.
+
+The full skeleton is the true Qwen3.8-Flash-Next inventory (sparse files, ~60 MB
+of headers); it is written and read once per session.
+"""
+
+from __future__ import annotations
+
+import pytest
+from flashnext.facts.model import read_model_facts
+from flashnext.skeleton import write_skeleton
+
+
+@pytest.fixture(scope="session")
+def full_skeleton(tmp_path_factory):
+    """Full-scale checkpoint with fixed metadata (sampling keys, explicit groups)."""
+    path = tmp_path_factory.mktemp("full") / "Qwen3.8-Flash-Next"
+    write_skeleton(path, "full", fixed_metadata=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def full_model(full_skeleton):
+    return read_model_facts(full_skeleton)
+
+
+@pytest.fixture(scope="session")
+def shipped_skeleton(tmp_path_factory):
+    """Tiny checkpoint with the shipped export defects (targets ["Linear"], no sampling keys)."""
+    path = tmp_path_factory.mktemp("shipped") / "tiny"
+    write_skeleton(path, "tiny", fixed_metadata=False)
+    return path

@@ -1,0 +1,158 @@
+"""Whole-host facts for preflight and plan tests.
+
+The base is `checks/fixtures/facts/3x3090-nvme.json`: a 3x RTX 3090 host with
+its PLE table on local NVMe, in the exact schema `flashnext facts --json`
+writes (values synthetic: no real machine's serials). Each failure kind is one
+named variant of it, so a test says which fact it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from flashnext.facts.schema import (
+    BlockDevice,
+    GpuFacts,
+    GpuProcess,
+    HostFacts,
+    PortFacts,
+    host_facts_from_json,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+BASE_FILE = FIXTURES / "3x3090-nvme.json"
+GIB = 1 << 30
+
+
+def base_facts() -> HostFacts:
+    return host_facts_from_json(BASE_FILE.read_text(), source=str(BASE_FILE))
+
+
+def _memory(facts: HostFacts, **changes) -> HostFacts:
+    return dataclasses.replace(facts, memory=dataclasses.replace(facts.memory, **changes))
+
+
+def _gpus(facts: HostFacts, fn: Callable) -> HostFacts:
+    devices = tuple(fn(d) for d in facts.gpu.devices)
+    return dataclasses.replace(facts, gpu=dataclasses.replace(facts.gpu, devices=devices))
+
+
+def _first_gpu(facts: HostFacts, **changes) -> HostFacts:
+    return _gpus(facts, lambda d: dataclasses.replace(d, **changes) if d.index == 0 else d)
+
+
+def _table(facts: HostFacts, **changes) -> HostFacts:
+    storage = dict(facts.storage)
+    storage["table"] = dataclasses.replace(storage["table"], **changes)
+    return dataclasses.replace(facts, storage=storage)
+
+
+def _table_on(transport: str, rotational: bool, fs: str = "ext4") -> Callable:
+    disk = BlockDevice(name="sdb", rotational=rotational, transport=transport)
+    return lambda f: _table(f, devices=(disk,), fs_type=fs)
+
+
+# name -> (facts variant, check id expected to fire, its level, other ids it causes)
+VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str, ...]]] = {
+    "no_nvml": (
+        lambda f: dataclasses.replace(
+            f, gpu=GpuFacts(nvml_available=False, error="NVML Shared Library Not Found")
+        ),
+        "gpu.nvml",
+        "fail",
+        (),
+    ),
+    "two_gpus": (
+        lambda f: dataclasses.replace(f, gpu=dataclasses.replace(f.gpu, devices=f.gpu.devices[:2])),
+        "gpu.count",
+        "fail",
+        (),
+    ),
+    "wrong_model": (
+        lambda f: _gpus(f, lambda d: dataclasses.replace(d, name="NVIDIA GeForce RTX 3080")),
+        "gpu.count",
+        "fail",
+        (),
+    ),
+    "small_vram": (
+        lambda f: _first_gpu(f, memory_total_bytes=12 * GIB, memory_free_bytes=12 * GIB),
+        "gpu0.vram",
+        "fail",
+        ("kv.capacity", "rank0.vram", "rank1.vram", "rank2.vram"),
+    ),
+    "old_arch": (
+        lambda f: _first_gpu(f, compute_capability="7.5"),
+        "gpu0.compute_capability",
+        "fail",
+        (),
+    ),
+    "busy_gpu": (
+        lambda f: _first_gpu(
+            f, processes=(GpuProcess(pid=4242, used_memory_bytes=GIB, name="python3"),)
+        ),
+        "gpu0.idle",
+        "fail",
+        (),
+    ),
+    "gpu_memory_taken": (
+        lambda f: _first_gpu(f, memory_free_bytes=20 * GIB),
+        "gpu0.idle",
+        "fail",
+        (),
+    ),
+    "pcie_x8": (lambda f: _first_gpu(f, pcie_width_max=8), "gpu0.pcie", "warn", ()),
+    "pcie_gen3": (lambda f: _first_gpu(f, pcie_gen_max=3), "gpu0.pcie", "warn", ()),
+    "low_ram": (lambda f: _memory(f, mem_available_bytes=32 * GIB), "host.ram", "fail", ()),
+    "memlock_64k": (
+        lambda f: _memory(f, memlock_soft_bytes=65536, memlock_hard_bytes=65536),
+        "host.memlock",
+        "fail",
+        (),
+    ),
+    "cgroup_8g": (
+        lambda f: _memory(f, cgroup_memory_limit_bytes=8 * GIB),
+        "host.cgroup",
+        "fail",
+        (),
+    ),
+    "small_shm": (lambda f: _memory(f, shm_total_bytes=64 << 20), "host.shm", "fail", ()),
+    "table_missing": (
+        lambda f: _table(f, exists=False, is_regular_file=False, size_bytes=None),
+        "table.path",
+        "fail",
+        (),
+    ),
+    "table_truncated": (lambda f: _table(f, size_bytes=50 * GIB), "table.size", "fail", ()),
+    "table_unreadable": (lambda f: _table(f, readable=False), "table.readable", "fail", ()),
+    "table_on_nfs": (
+        lambda f: _table(f, network=True, fs_type="nfs4", devices=()),
+        "table.medium",
+        "fail",
+        (),
+    ),
+    "table_on_tmpfs": (
+        lambda f: _table(f, fs_type="tmpfs", devices=()),
+        "table.medium",
+        "fail",
+        (),
+    ),
+    "table_on_overlay": (
+        lambda f: _table(f, fs_type="overlay", devices=()),
+        "table.medium",
+        "fail",
+        (),
+    ),
+    "table_on_hdd": (_table_on("sata", rotational=True), "table.medium", "fail", ()),
+    "table_on_sata_ssd": (_table_on("sata", rotational=False), "table.medium", "warn", ()),
+    "table_on_usb": (_table_on("usb", rotational=False), "table.medium", "warn", ()),
+    "port_busy": (
+        lambda f: dataclasses.replace(
+            f, ports=(PortFacts(host="127.0.0.1", port=8000, free=False, error="in use"),)
+        ),
+        "port",
+        "fail",
+        (),
+    ),
+}

@@ -1,0 +1,148 @@
+"""Preflight over facts fixtures: each check's ok, and one fixture per failure kind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from flashnext.assess import assess
+from flashnext.checks import worst
+from flashnext.plan import PlanOptions
+from lead_fixtures import VARIANTS, base_facts
+
+TABLE = "/nvme/flashnext/ple-table.bin"
+
+
+def run(facts, model_dir, model=None, **options):
+    opts = PlanOptions(model_dir=str(model_dir) if model_dir else None, table_path=TABLE, **options)
+    return assess(facts, opts, None, model=model)
+
+
+def by_id(assessment):
+    return {f.id: f for f in assessment.findings}
+
+
+def test_the_reference_host_passes(full_skeleton, full_model):
+    a = run(base_facts(), full_skeleton, full_model)
+    bad = [f for f in a.findings if f.level != "ok"]
+    assert bad == []
+    ids = set(by_id(a))
+    for expected in (
+        "gpu.count",
+        "gpu0.vram",
+        "gpu2.pcie",
+        "host.ram",
+        "host.memlock",
+        "host.cgroup",
+        "host.shm",
+        "pp.ple_rank",
+        "kv.capacity",
+        "rank1.vram",
+        "model.dir",
+        "model.arch",
+        "model.quant_groups",
+        "model.sampling",
+        "table.size",
+        "table.medium",
+        "port",
+    ):
+        assert expected in ids, expected
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_failure_kind_is_reported_with_a_fix(name, full_skeleton, full_model):
+    change, check_id, level, consequences = VARIANTS[name]
+    a = run(change(base_facts()), full_skeleton, full_model)
+    finding = by_id(a)[check_id]
+    assert finding.level == level, finding
+    assert finding.fix, "a non-ok finding must say how to fix it"
+    assert finding.measured and finding.required
+    others = {f.id for f in a.findings if f.level != "ok" and f.id != check_id}
+    # Only the changed fact fires, and what it causes (a small card also
+    # leaves its rank no VRAM), nothing else.
+    assert others == set(consequences), others
+    assert worst(a.findings) == level
+
+
+def test_memlock_message_names_the_pinned_bytes(full_skeleton, full_model):
+    change = VARIANTS["memlock_64k"][0]
+    f = by_id(run(change(base_facts()), full_skeleton, full_model))["host.memlock"]
+    assert f.measured == "0.00 GiB"
+    assert "--ulimit memlock=-1:-1" in f.fix and "ulimit -l unlimited" in f.fix
+
+
+def test_shipped_checkpoint_defects_fail_with_the_fix_command(shipped_skeleton):
+    a = run(base_facts(), shipped_skeleton)
+    found = by_id(a)
+    groups, sampling = found["model.quant_groups"], found["model.sampling"]
+    assert groups.level == "fail" and "'Linear'" in groups.measured
+    assert groups.fix == f"flashnext checkpoint fix --model {shipped_skeleton}"
+    assert sampling.level == "fail" and "temperature 1" in sampling.message
+    assert sampling.fix.startswith(f"flashnext checkpoint fix --model {shipped_skeleton}")
+
+
+def test_generation_config_flag_satisfies_the_sampling_check(shipped_skeleton, tmp_path):
+    a = run(base_facts(), shipped_skeleton, generation_config_dir=str(tmp_path))
+    assert by_id(a)["model.sampling"].level == "ok"
+    assert "--generation-config" in a.plan.argv
+
+
+def test_partition_that_moves_ple_off_rank_0_fails(full_skeleton, full_model):
+    a = run(base_facts(), full_skeleton, full_model, pp_layer_partition="1,23,24")
+    f = by_id(a)["pp.ple_rank"]
+    assert f.level == "fail" and "VLLM_PP_LAYER_PARTITION" in f.fix
+    assert "rank(s) [1]" in f.measured
+
+
+def test_too_much_kv_overflows_a_rank(full_skeleton, full_model):
+    a = run(base_facts(), full_skeleton, full_model, kv_cache_memory_bytes=4 << 30)
+    assert {f.id for f in a.findings if f.level == "fail"} >= {"rank0.vram", "rank2.vram"}
+
+
+def test_too_little_kv_for_one_request(full_skeleton, full_model):
+    a = run(base_facts(), full_skeleton, full_model, kv_cache_memory_bytes=20_000_000)
+    f = by_id(a)["kv.capacity"]
+    assert f.level == "fail" and "--max-model-len" in f.message
+
+
+# ---------------------------------------------------------------- bad model dirs
+
+
+def test_missing_model_dir(tmp_path):
+    a = run(base_facts(), tmp_path / "absent")
+    f = by_id(a)["model.dir"]
+    assert f.level == "fail" and "absent" in f.measured
+    assert "plan" not in by_id(a)  # model.dir already says why
+
+
+def test_partial_model_dir_names_the_missing_shard(tmp_path, shipped_skeleton):
+    partial = tmp_path / "partial"
+    shutil.copytree(shipped_skeleton, partial)
+    index = json.loads((partial / "model.safetensors.index.json").read_text())
+    victim = sorted(set(index["weight_map"].values()))[-1]
+    (partial / victim).unlink()
+    f = by_id(run(base_facts(), partial))["model.dir"]
+    assert f.level == "fail" and victim in f.message
+
+
+def test_corrupt_header_is_named(tmp_path, shipped_skeleton):
+    broken = tmp_path / "broken"
+    shutil.copytree(shipped_skeleton, broken)
+    shard = sorted(broken.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[8:16] = b"\x00garbage"
+    shard.write_bytes(bytes(data))
+    f = by_id(run(base_facts(), broken))["model.dir"]
+    assert f.level == "fail" and shard.name in f.message
+
+
+def test_wrong_architecture(tmp_path, shipped_skeleton):
+    other = tmp_path / "other"
+    shutil.copytree(shipped_skeleton, other)
+    config = json.loads((other / "config.json").read_text())
+    config["model_type"] = "llama"
+    config["text_config"]["model_type"] = "llama"
+    (other / "config.json").write_text(json.dumps(config))
+    f = by_id(run(base_facts(), other))["model.arch"]
+    assert f.level == "fail" and "llama" in f.measured
