@@ -1,0 +1,154 @@
+"""report: the parts assembled and redacted (recorded facts, then this host's real probe)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+from flashnext import report
+from flashnext.facts.collect import collect_host_facts
+from flashnext.facts.schema import to_jsonable
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
+
+
+def personal_facts() -> dict:
+    """The recorded 3x3090 facts, as alice's box would report them."""
+    facts = json.loads(FIXTURE.read_text())
+    facts["hostname"] = "gpubox-7"
+    facts["gpu"]["devices"][0]["uuid"] = "GPU-3f2a9c1e-77b0-4c4e-9a51-0d2f6b8e1a42"
+    facts["storage"] = {
+        "model": {"path": "/home/alice/models/flash-next", "exists": True,
+                  "mount_source": "/dev/nvme0n1p2", "devices": [
+                      {"name": "nvme0n1", "transport": "nvme", "model": "Samsung 990 PRO",
+                       "serial": "S6Z2NJ0W123456"}]},
+    }  # fmt: skip
+    return facts
+
+
+PLAN = {
+    "argv": ["vllm", "serve", "/home/alice/models/flash-next", "--host", "192.168.1.20",
+             "--api-key", "sk-live-123", "--port", "8000"],
+    "env": {"VLLM_PLE_MMAP_PATH": "/home/alice/ple.bin", "VLLM_API_KEY": "sk-live-123",
+            "CUDA_VISIBLE_DEVICES": "0,1,2"},
+    "decode": {"tokens_per_s": 160.5},
+}  # fmt: skip
+MESSAGE = "gpubox-7:/home/alice/ple.bin is on nvme0n1 (alice's disk)"
+PREFLIGHT = {"result": "warn", "findings": [{"id": "table", "message": MESSAGE}]}
+
+
+def alice() -> report.Redactor:
+    return report.Redactor(hostname="gpubox-7", username="alice", home="/home/alice")
+
+
+def test_everything_identifying_is_redacted():
+    doc = report.build_report(
+        facts=personal_facts(), plan=PLAN, preflight=PREFLIGHT,
+        versions={"flashnext": "0.1.0"}, patches={"patches": []}, redactor=alice(),
+    )  # fmt: skip
+    text = json.dumps(doc)
+    for secret in ("gpubox-7", "alice", "/home/alice", "3f2a9c1e", "S6Z2NJ0W123456",
+                   "sk-live-123", "192.168.1.20"):  # fmt: skip
+        assert secret not in text, secret
+    assert doc["facts"]["hostname"] == "<hostname>"
+    assert doc["facts"]["gpu"]["devices"][0]["uuid"] == "<redacted>"
+    assert doc["facts"]["storage"]["model"]["path"] == "~/models/flash-next"
+    assert doc["facts"]["storage"]["model"]["devices"][0]["serial"] == "<redacted>"
+    assert doc["plan"]["argv"] == ["vllm", "serve", "~/models/flash-next", "--host", "<ip>",
+                                   "--api-key", "<redacted>", "--port", "8000"]  # fmt: skip
+    assert doc["plan"]["env"] == {"VLLM_PLE_MMAP_PATH": "~/ple.bin", "VLLM_API_KEY": "<redacted>",
+                                  "CUDA_VISIBLE_DEVICES": "0,1,2"}  # fmt: skip
+    assert doc["preflight"]["findings"][0]["message"] == (
+        "<hostname>:~/ple.bin is on nvme0n1 (<user>'s disk)"
+    )
+    # what is useful stays: shapes, sizes, device names, loopback addresses
+    assert doc["facts"]["gpu"]["devices"][1]["memory_total_bytes"] == 25769803776
+    assert doc["facts"]["storage"]["model"]["devices"][0]["model"] == "Samsung 990 PRO"
+    assert doc["plan"]["decode"]["tokens_per_s"] == 160.5
+    assert doc["redactions"] == {
+        "home_path": 4, "hostname": 2, "ip": 1, "secret": 2, "serial": 4, "user": 1,
+    }  # fmt: skip
+
+
+def test_loopback_and_lookalikes_are_kept():
+    r = alice()
+    assert r.text("http://127.0.0.1:8000 0.0.0.0") == "http://127.0.0.1:8000 0.0.0.0"
+    assert r.text("/home/alicex/x and malice") == "/home/alicex/x and malice"
+    assert r.text("/home/alice") == "~"
+    assert r.value("--api-key=abc", "x") == "--api-key=abc"  # a lone string is not argv
+    assert r.value(["--api-key=abc"]) == ["--api-key=<redacted>"]
+    assert r.text("nic 00:1b:21:3a:4f:5c") == "nic <mac>"
+
+
+def test_missing_parts_are_recorded_not_fatal():
+    doc = report.build_report(
+        facts=None, plan=None, preflight=None, versions={}, patches={"unavailable": "x"},
+        redactor=report.Redactor(),
+    )  # fmt: skip
+    assert doc["facts"] == {"unavailable": "not collected"}
+    assert doc["plan"] == {"unavailable": "no plan"}
+    assert doc["report_schema_version"] == report.REPORT_SCHEMA_VERSION
+
+
+def test_patch_series_hashes(tmp_path):
+    (tmp_path / "0001-a.patch").write_bytes(b"--- a\n+++ b\n")
+    (tmp_path / "series").write_text("# comment\n0001-a.patch\n\n0002-missing.patch  # gone\n")
+    doc = report.patch_series(tmp_path)
+    assert doc["patches"] == [
+        {"name": "0001-a.patch", "sha256": hashlib.sha256(b"--- a\n+++ b\n").hexdigest()},
+        {"name": "0002-missing.patch", "sha256": "unavailable: No such file or directory"},
+    ]
+    assert report.patch_series(tmp_path / "nope") == {
+        "unavailable": f"{tmp_path / 'nope' / 'series'}: No such file or directory"
+    }
+    assert report.patch_series(None) == {"unavailable": "patch series directory not found"}
+
+
+def test_checkout_series_is_found():
+    found = report.default_series_dir()
+    assert found is not None and found.name == "vllm-0.33.0"
+
+
+def test_versions_never_import_vllm():
+    import sys
+
+    v = report.versions()
+    assert v["vllm_pinned"] == "0.33.0" and v["flashnext"]
+    assert "vllm" not in sys.modules
+
+
+def test_this_hosts_real_facts_leave_nothing_identifying(tmp_path):
+    home = os.path.expanduser("~")
+    facts = to_jsonable(collect_host_facts({"model": home}, [("127.0.0.1", 8000)]))
+    red = report.redactor_for_this_host(facts)
+    doc = report.build_report(
+        facts=facts, plan=None, preflight=None, versions=report.versions(),
+        patches=report.patch_series(report.default_series_dir()), redactor=red,
+    )  # fmt: skip
+    out = tmp_path / "report.json"
+    report.write_report(out, json.dumps(doc, sort_keys=True, indent=2))
+    text = out.read_text()
+    host = socket.gethostname()
+    # the redactor replaces the name as a word ("vm" stays inside "nvml_available")
+    assert not re.search(rf"(?<![\w-]){re.escape(host)}(?![\w-])", text)
+    assert f'"{home}' not in text
+    assert doc["facts"]["storage"]["model"]["path"] == "~"
+
+
+def test_write_report_is_atomic(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    out.write_text("old")
+
+    def boom(*_a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        report.write_report(out, "new")
+    assert out.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -1,0 +1,206 @@
+"""One redacted file to attach to a bug report: facts, plan, preflight, versions, patches.
+
+Inputs are plain JSON-able dicts (what `facts --json`, `plan --json` and
+`preflight --json` print), so this module is a pure function of them plus the
+redaction context. A part that could not be collected is recorded as
+{"unavailable": reason} instead of aborting the report (TGI's env dump does the same).
+
+Redacted: the hostname, the user's name, serial numbers and UUIDs, MAC and
+non-loopback IP addresses, secrets (values of keys that look like keys, tokens,
+passwords), and paths under $HOME (shown as `~/...`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashnext import VLLM_VERSION, __version__
+
+REPORT_SCHEMA_VERSION = 1
+
+UUID_RE = re.compile(
+    r"\b(?:GPU-|MIG-)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+MAC_RE = re.compile(r"\b[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}\b")
+IPV4_RE = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+SECRET_KEY_RE = re.compile(
+    r"(^|[_-])(api[_-]?key|key|token|secret|password|passwd|credentials?)($|[_-])", re.IGNORECASE
+)
+SERIAL_KEY_RE = re.compile(r"(serial|uuid|machine_id|boot_id)", re.IGNORECASE)
+# Addresses that say nothing about the host: loopback, unspecified, broadcast.
+PUBLIC_SAFE_IPS = re.compile(r"^(127\.|0\.0\.0\.0$|255\.255\.255\.255$)")
+
+
+@dataclass
+class Redactor:
+    """Replaces identifying strings; counts what it replaced, by kind."""
+
+    hostname: str | None = None
+    username: str | None = None
+    home: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def _count(self, kind: str, n: int = 1) -> None:
+        if n:
+            self.counts[kind] = self.counts.get(kind, 0) + n
+
+    def text(self, s: str) -> str:
+        if self.home and len(self.home) > 1:
+            # "~" for the home dir itself and for paths below it, not for /home/userx.
+            pattern = re.escape(self.home.rstrip("/")) + r"(?=/|$|\s|\"|')"
+            s, n = re.subn(pattern, "~", s)
+            self._count("home_path", n)
+        s, n = UUID_RE.subn("<uuid>", s)
+        self._count("uuid", n)
+        s, n = MAC_RE.subn("<mac>", s)
+        self._count("mac", n)
+
+        def ip(m: re.Match[str]) -> str:
+            if PUBLIC_SAFE_IPS.match(m.group(0)):
+                return m.group(0)
+            self._count("ip")
+            return "<ip>"
+
+        s = IPV4_RE.sub(ip, s)
+        for value, tag in ((self.hostname, "<hostname>"), (self.username, "<user>")):
+            if value and len(value) >= 2:
+                s, n = re.subn(rf"(?<![\w-]){re.escape(value)}(?![\w-])", tag, s)
+                self._count(tag.strip("<>"), n)
+        return s
+
+    def value(self, obj: Any, key: str = "") -> Any:
+        if isinstance(obj, dict):
+            return {k: self.value(v, str(k)) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            out = [self.value(v, key) for v in obj]
+            # argv: the value after --api-key (or --api-key=VALUE) is a secret.
+            for i, v in enumerate(obj):
+                flag, eq, _ = v.partition("=") if isinstance(v, str) else ("", "", "")
+                if flag.startswith("--") and SECRET_KEY_RE.search(flag[2:]):
+                    if eq:
+                        out[i] = f"{flag}=<redacted>"
+                        self._count("secret")
+                    elif i + 1 < len(obj):
+                        out[i + 1] = "<redacted>"
+                        self._count("secret")
+            return out
+        if isinstance(obj, str) and obj:
+            if key == "hostname":
+                self._count("hostname")
+                return "<hostname>"
+            if SERIAL_KEY_RE.search(key):
+                self._count("serial")
+                return "<redacted>"
+            if SECRET_KEY_RE.search(key):
+                self._count("secret")
+                return "<redacted>"
+            return self.text(obj)
+        return obj
+
+
+def redactor_for_this_host(facts: dict[str, Any] | None) -> Redactor:
+    hostname = (facts or {}).get("hostname") or platform.node() or None
+    try:
+        username = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        username = None
+    return Redactor(hostname=hostname, username=username, home=os.path.expanduser("~"))
+
+
+# ---------------------------------------------------------------- parts
+
+
+def patch_series(series_dir: Path | None) -> dict[str, Any]:
+    """Each patch named in `series`, in order, with the sha256 of its file."""
+    if series_dir is None:
+        return {"unavailable": "patch series directory not found"}
+    series = series_dir / "series"
+    try:
+        lines = series.read_text().splitlines()
+    except OSError as exc:
+        return {"unavailable": f"{series}: {exc.strerror}"}
+    patches = []
+    for line in lines:
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        try:
+            digest = hashlib.sha256((series_dir / name).read_bytes()).hexdigest()
+        except OSError as exc:
+            digest = f"unavailable: {exc.strerror}"
+        patches.append({"name": name, "sha256": digest})
+    return {"dir": str(series_dir), "patches": patches}
+
+
+def default_series_dir() -> Path | None:
+    """The checkout's patches/vllm-<pin>/ when flashnext runs from a checkout."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "patches" / f"vllm-{VLLM_VERSION}"
+        if (candidate / "series").is_file():
+            return candidate
+    return None
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "N/A"
+
+
+def versions() -> dict[str, str]:
+    """What runs here; vLLM by its installed metadata (the launcher never imports it)."""
+    return {
+        "flashnext": __version__,
+        "vllm_pinned": VLLM_VERSION,
+        "vllm_installed": _dist_version("vllm"),
+        "torch_installed": _dist_version("torch"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def build_report(
+    *,
+    facts: dict[str, Any] | None,
+    plan: dict[str, Any] | None,
+    preflight: dict[str, Any] | None,
+    versions: dict[str, str],
+    patches: dict[str, Any],
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """The report document, already redacted (with a count of what was redacted)."""
+    raw = {
+        "facts": facts if facts is not None else {"unavailable": "not collected"},
+        "plan": plan if plan is not None else {"unavailable": "no plan"},
+        "preflight": preflight if preflight is not None else {"unavailable": "not run"},
+        "versions": versions,
+        "patch_series": patches,
+    }
+    doc = redactor.value(raw)
+    doc["report_schema_version"] = REPORT_SCHEMA_VERSION
+    doc["redactions"] = dict(sorted(redactor.counts.items()))
+    return doc
+
+
+def write_report(path: Path, text: str) -> None:
+    """Atomic: a reader sees the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
