@@ -61,7 +61,9 @@ def env_differences(contract: dict, config: dict) -> list[str]:
     out = []
     for name in sorted(set(want) | set(got)):
         if want.get(name) != got.get(name):
-            out.append(f"Env {name}: image has {got.get(name)!r}, the contract says {want.get(name)!r}")
+            out.append(
+                f"Env {name}: image has {got.get(name)!r}, the contract says {want.get(name)!r}"
+            )
     return out
 
 

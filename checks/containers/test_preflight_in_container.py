@@ -33,7 +33,9 @@ def preflight(image: str, model, *flags: str) -> dict:
 
 def finding(doc: dict, finding_id: str) -> dict:
     matches = [f for f in doc["findings"] if f["id"] == finding_id]
-    assert len(matches) == 1, f"{finding_id} not reported once: {[f['id'] for f in doc['findings']]}"
+    assert len(matches) == 1, (
+        f"{finding_id} not reported once: {[f['id'] for f in doc['findings']]}"
+    )
     return matches[0]
 
 
@@ -118,7 +120,9 @@ def test_ipc_host_gives_the_hosts_shm(test_image, tiny_model):
     doc = preflight(test_image, tiny_model, "--ipc=host")
     host = os.statvfs("/dev/shm")
     assert doc["facts"]["memory"]["shm_total_bytes"] == host.f_frsize * host.f_blocks
-    assert finding(doc, "host.shm")["level"] == ("ok" if host.f_frsize * host.f_blocks >= GIB else "fail")
+    assert finding(doc, "host.shm")["level"] == (
+        "ok" if host.f_frsize * host.f_blocks >= GIB else "fail"
+    )
 
 
 def test_missing_gpus_name_the_cdi_flag(constrained):

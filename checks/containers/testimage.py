@@ -60,11 +60,19 @@ def base_rootfs_tar() -> Path:
     if out.is_file():
         return out
     if shutil.which("debootstrap") is None:
-        sys.exit("debootstrap is missing: apt-get install -y debootstrap (checks/containers/run does)")
+        sys.exit(
+            "debootstrap is missing: apt-get install -y debootstrap (checks/containers/run does)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".rootfs-") as tmp:
         root = Path(tmp) / "root"
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root)]
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(root),
+        ]
         if mirror := host_debian_mirror():
             cmd.append(mirror)
         print(f"testimage: {' '.join(cmd)}", file=sys.stderr)
@@ -73,7 +81,9 @@ def base_rootfs_tar() -> Path:
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(root / junk, ignore_errors=True)
         part = Path(tmp) / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(part), "."], check=True)
+        subprocess.run(
+            ["tar", "-C", str(root), "--numeric-owner", "-cf", str(part), "."], check=True
+        )
         os.replace(part, out)
     return out
 
@@ -88,11 +98,18 @@ def base_image() -> str:
 
 
 def launcher_wheels(dest: Path) -> None:
-    """The launcher and its dependencies as wheels, built by the suite's Python."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), str(REPO / "launcher")],
-        check=True,
+    """The launcher and its dependencies as wheels, built by the suite's Python.
+
+    Built from a copy: an in-tree build would leave build/ and *.egg-info in launcher/.
+    """
+    src = dest.parent / "launcher-src"
+    shutil.copytree(
+        REPO / "launcher",
+        src,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.pyc"),
     )
+    cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), str(src)]
+    subprocess.run(cmd, check=True)
 
 
 def image_key(base: str) -> str:
@@ -119,7 +136,9 @@ def build_test_image() -> str:
         ctx = Path(tmp)
         launcher_wheels(ctx / "wheels")
         shutil.copy(CONTAINERFILE, ctx / "Containerfile")
-        podman("build", "--isolation", "chroot", "--build-arg", f"BASE={base}", "--tag", ref, str(ctx))
+        podman(
+            "build", "--isolation", "chroot", "--build-arg", f"BASE={base}", "--tag", ref, str(ctx)
+        )
     return ref
 
 
