@@ -513,3 +513,380 @@ def facts_command(
         render_table(title, columns, rows)
     if out:
         click.echo(f"facts written to {out}")
+
+
+# ---- checkpoint / bench / report commands (owner: operate)
+
+
+def _model_facts_or_exit(model_dir: str):
+    from flashnext.facts.model import ModelFactsError, read_model_facts
+
+    try:
+        return read_model_facts(model_dir)
+    except ModelFactsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+_MODEL_OPTION = click.option(
+    "--model",
+    "model_dir",
+    envvar="FLASHNEXT_MODEL",
+    show_envvar=True,
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Checkpoint directory (config.json, generation_config.json, safetensors shards).",
+)
+
+
+@main.group("checkpoint")
+def checkpoint_group() -> None:
+    """Check and fix the checkpoint's metadata (quantization targets, sampling keys)."""
+
+
+@checkpoint_group.command("check")
+@_MODEL_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as canonical JSON.")
+def checkpoint_check(model_dir: str, as_json: bool) -> None:
+    """Resolve every module's scheme the way vLLM 0.33.0 will, against what its tensors store.
+
+    Reports the shipped export defects (config_groups all targeting "Linear";
+    generation_config.json without sampling keys), groups that match nothing,
+    modules matched twice, and a PLE table missing from `ignore`. Exit 1 on any
+    failed check.
+    """
+    from flashnext.checkpoint import check
+    from flashnext.render import emit_json, render_table
+
+    report = check(_model_facts_or_exit(model_dir))
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        rows = [(f.status, f.id, f.message, f.fix) for f in report.findings]
+        render_table(f"checkpoint check: {model_dir}", ("status", "check", "finding", "fix"), rows)
+    if report.failed:
+        raise SystemExit(1)
+
+
+@checkpoint_group.command("fix")
+@_MODEL_OPTION
+@click.option(
+    "--generation-config-from",
+    "generation_source",
+    type=click.Path(exists=True),
+    help="Directory (or file) whose generation_config.json supplies the sampling keys, "
+    "e.g. the published checkpoint's.",
+)
+@click.option(
+    "--sampling",
+    "sampling_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A sampling key vLLM reads, e.g. --sampling temperature=0.7 (repeatable; values "
+    "from the model card: flashnext never invents them).",
+)
+@click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as canonical JSON.")
+def checkpoint_fix(
+    model_dir: str,
+    generation_source: str | None,
+    sampling_pairs: tuple[str, ...],
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Rewrite config_groups targets to exact `re:` patterns derived from the tensors.
+
+    Each group's targets then match exactly the modules whose stored tensors
+    (dtype, packed shape, group size) carry its scheme; the PLE table is added
+    to `ignore`. Sampling keys are restored only from --generation-config-from
+    or --sampling. Originals are kept as FILE.orig (first run only); writes are
+    atomic; a second run changes nothing. Exit 1 if a defect remains.
+    """
+    from pathlib import Path
+
+    from flashnext.checkpoint import (
+        CheckpointError,
+        apply_fix,
+        parse_sampling,
+        plan_fix,
+        sampling_from_dir,
+    )
+    from flashnext.render import emit_json
+
+    if generation_source and sampling_pairs:
+        raise click.UsageError("pass --generation-config-from or --sampling, not both")
+    model = _model_facts_or_exit(model_dir)
+    try:
+        if generation_source:
+            sampling = sampling_from_dir(Path(generation_source))
+        else:
+            sampling = parse_sampling(sampling_pairs) if sampling_pairs else None
+        plan = plan_fix(model, sampling)
+        backups = [] if dry_run else apply_fix(plan)
+    except (CheckpointError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        emit_json(
+            {
+                "model_dir": model_dir,
+                "dry_run": dry_run,
+                "changed": sorted(plan.changes),
+                "diff": plan.diff(),
+                "notes": plan.notes,
+                "backups": [str(b) for b in backups],
+                "remaining": plan.remaining,
+            }
+        )
+    else:
+        if dry_run:
+            click.echo(plan.diff(), nl=False)
+        for note in plan.notes:
+            click.echo(f"{'would fix' if dry_run else 'fixed'}: {note}")
+        for backup in backups:
+            click.echo(f"original kept as {backup}")
+        if not plan.changes:
+            click.echo("nothing to change")
+        for left in plan.remaining:
+            click.echo(f"not fixed: {left}", err=True)
+    if plan.remaining:
+        raise SystemExit(1)
+
+
+def _csv_ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
+    if any(v < 1 for v in out):
+        raise click.BadParameter(f"{value!r}: every value must be >= 1")
+    return out
+
+
+def _json_file(path: str | None, what: str) -> dict | None:
+    import json
+    from pathlib import Path
+
+    if path is None:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: cannot read {what} JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{path}: {what} must be a JSON object")
+    return doc
+
+
+@main.command()
+@click.option(
+    "--url",
+    required=True,
+    envvar="FLASHNEXT_BENCH_URL",
+    show_envvar=True,
+    help="Server base URL, e.g. http://127.0.0.1:8000.",
+)
+@click.option("--served-model-name", default="qwen3.8-flash-next", show_default=True)
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the API key (else VLLM_API_KEY).",
+)
+@click.option(
+    "--concurrency",
+    default="1,4",
+    show_default=True,
+    callback=_csv_ints,
+    help="Decode concurrencies to measure.",
+)
+@click.option(
+    "--decode-tokens",
+    default=256,
+    show_default=True,
+    type=click.IntRange(2),
+    help="Tokens generated per decode request (ignore_eos).",
+)
+@click.option(
+    "--prompt-lengths",
+    default="4096",
+    show_default=True,
+    callback=_csv_ints,
+    help="Prompt lengths (tokens) for prefill; 247823 is the seed's.",
+)
+@click.option(
+    "--prefill-concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Prompts prefilled at once (the seed's figure used 4).",
+)
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0))
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--facts",
+    "facts_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Facts for the fingerprint (`flashnext facts --json`); default: probe.",
+)
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="`flashnext plan --json` output: fingerprint and decode roofline.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Write raw.jsonl and summary.json here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as canonical JSON.")
+def bench(
+    url: str,
+    served_model_name: str,
+    api_key_file: str | None,
+    concurrency: tuple[int, ...],
+    decode_tokens: int,
+    prompt_lengths: tuple[int, ...],
+    prefill_concurrency: int,
+    warmup: int,
+    runs: int,
+    facts_file: str | None,
+    plan_file: str | None,
+    out_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Decode tok/s (c=1, c=4), TTFT and prefill tok/s against a running server.
+
+    Streams completions with exact token counts; any incomplete stream is
+    rejected and makes the run fail (exit 1). Compares the medians with the
+    seed's figures (80 tok/s at c=1, 152-155 at c=4, 4x247,823 tokens prefilled
+    in 368 s) and the plan's decode roofline.
+    """
+    import os
+    from pathlib import Path
+
+    from flashnext import bench as b
+    from flashnext.facts.schema import to_jsonable
+    from flashnext.render import emit_json, render_table
+    from flashnext.report import versions
+    from flashnext.serve import ServeError, load_api_key
+
+    try:
+        api_key = load_api_key(os.environ, api_key_file)
+    except ServeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    facts = _json_file(facts_file, "facts")
+    if facts is None:
+        from flashnext.facts.collect import collect_host_facts
+
+        facts = to_jsonable(collect_host_facts())
+    cfg = b.BenchConfig(
+        url=url,
+        model=served_model_name,
+        api_key=api_key,
+        concurrency=concurrency,
+        decode_tokens=decode_tokens,
+        prompt_lengths=prompt_lengths,
+        prefill_concurrency=prefill_concurrency,
+        warmup=warmup,
+        runs=runs,
+    )
+    try:
+        records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))
+    except b.BenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    result = b.build_result(
+        cfg, records, b.fingerprint(facts, _json_file(plan_file, "plan"), versions())
+    )
+    if out_dir:
+        b.write_results(Path(out_dir), records, result)
+    if as_json:
+        emit_json(result)
+    else:
+        rows = []
+        for d in result["summary"]["decode"]:
+            agg, ttft = d["aggregate_tok_s"], d["ttft_s"]
+            rows.append(
+                (
+                    f"decode c={d['concurrency']}",
+                    f"{agg['median']:.2f}" if agg else "-",
+                    f"{ttft['median'] * 1000:.0f} ms",
+                    agg["n"] if agg else 0,
+                )
+            )
+        for p in result["summary"]["prefill"]:
+            rate, ttft = p["prefill_tok_s"], p["ttft_s"]
+            rows.append(
+                (
+                    f"prefill {p['concurrency']}x{p['prompt_tokens']}",
+                    f"{rate['median']:.1f}",
+                    f"{ttft['median']:.2f} s",
+                    rate["n"],
+                )
+            )
+        render_table("bench (medians)", ("measure", "tok/s", "TTFT", "runs"), rows)
+        render_table(
+            "against the seed report and the roofline",
+            ("metric", "measured", "reference", "ratio", "note"),
+            [
+                (c["metric"], c["measured"], c["reference"], c["ratio"], c["note"])
+                for c in result["comparison"]
+            ],
+        )
+        if out_dir:
+            click.echo(f"raw measurements and summary written to {out_dir}")
+    for r in result["rejected"]:
+        click.echo(
+            f"bench: rejected {r['phase']} c={r['concurrency']} run {r['run']}: {r['why']}",
+            err=True,
+        )
+    if result["rejected"]:
+        raise SystemExit(1)
+
+
+@main.command("report")
+@_plan_options
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    help="Write the report here (atomically) instead of to stdout.",
+)
+def report_cmd(as_json: bool, out_file: str | None, **kw) -> None:
+    """Facts, plan, preflight, versions and patch hashes as one redacted JSON file.
+
+    Hostname, user name, serials/UUIDs, MAC and non-loopback IP addresses,
+    secrets and paths under $HOME are redacted; attach the file to a bug
+    report. A part that cannot be collected is recorded as unavailable.
+    """
+    import json
+    from pathlib import Path
+
+    from flashnext import report as r
+    from flashnext.facts.schema import to_jsonable
+    from flashnext.render import emit_json
+
+    facts = plan = preflight = None
+    try:
+        a = _assess(kw)
+        facts = to_jsonable(a.facts)
+        plan = a.plan.to_json() if a.plan else {"unavailable": a.plan_error}
+        preflight = {"profile": a.profile.name, "findings": to_jsonable(a.findings)}
+    except (click.ClickException, OSError, ValueError) as exc:
+        preflight = {"unavailable": str(getattr(exc, "message", exc))}
+    doc = r.build_report(
+        facts=facts,
+        plan=plan,
+        preflight=preflight,
+        versions=r.versions(),
+        patches=r.patch_series(r.default_series_dir()),
+        redactor=r.redactor_for_this_host(facts),
+    )
+    if out_file is None:
+        emit_json(doc)
+        return
+    r.write_report(Path(out_file), json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    if as_json:
+        emit_json({"out": out_file, "redactions": doc["redactions"]})
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in doc["redactions"].items()) or "nothing"
+        click.echo(f"report written to {out_file} (redacted: {counts})")

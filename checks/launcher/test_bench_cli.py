@@ -1,0 +1,91 @@
+"""`flashnext bench` and `flashnext report` through the real Click CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
+from flashnext.cli import main  # noqa: E402
+from harness import STANDIN_DIR, free_port, serve_argv, standin_env  # noqa: E402
+
+FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
+
+
+@pytest.fixture
+def standin():
+    procs = []
+
+    def start(**env):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [str(STANDIN_DIR / "vllm"), *serve_argv(port)[1:]],
+            env=standin_env(STANDIN_LOAD_S="0", **env),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                return url
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("stand-in did not start")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+def test_bench_cli_writes_raw_and_summary(standin, tmp_path):
+    url = standin(STANDIN_TOKEN_INTERVAL_S="0.01")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"decode": {"tokens_per_s": 160.0}}))
+    res = CliRunner().invoke(main, [
+        "bench", "--url", url, "--concurrency", "1,2", "--decode-tokens", "8",
+        "--prompt-lengths", "64", "--warmup", "0", "--runs", "1",
+        "--facts", str(FACTS), "--plan", str(plan), "--out", str(tmp_path / "out"), "--json",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [d["concurrency"] for d in doc["summary"]["decode"]] == [1, 2]
+    assert doc["environment"]["facts"]["hostname"] == "fixture-3x3090"
+    assert doc["comparison"][1]["metric"] == "decode tok/s, c=1 vs roofline"
+    assert len((tmp_path / "out" / "raw.jsonl").read_text().splitlines()) == 1 + 2 + 1
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["summary"] == doc["summary"]
+
+
+def test_bench_cli_fails_on_rejected_streams(standin):
+    url = standin(STANDIN_TRUNCATE_AFTER="2")
+    res = CliRunner().invoke(main, [
+        "bench", "--url", url, "--concurrency", "1", "--decode-tokens", "4",
+        "--prompt-lengths", "8", "--warmup", "0", "--runs", "1", "--facts", str(FACTS),
+    ])  # fmt: skip
+    assert res.exit_code == 1
+    assert "bench: rejected decode c=1 run 0: stream ended without [DONE]" in res.output
+
+
+def test_bench_cli_bad_values_are_usage_errors():
+    res = CliRunner().invoke(main, ["bench", "--url", "http://x", "--concurrency", "1,a"])
+    assert res.exit_code == 2
+    assert "'1,a': expected comma-separated integers" in res.output
+
+
+def test_report_cli_writes_a_redacted_file(tmp_path):
+    out = tmp_path / "report.json"
+    res = CliRunner().invoke(main, ["report", "--facts", str(FACTS), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith(f"report written to {out} (redacted: ")
+    doc = json.loads(out.read_text())
+    assert doc["facts"]["hostname"] == "<hostname>"
+    assert doc["versions"]["vllm_pinned"] == "0.33.0"
+    assert "patches" in doc["patch_series"] or "unavailable" in doc["patch_series"]
+    assert "fixture-3x3090" not in out.read_text()

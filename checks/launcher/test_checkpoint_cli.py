@@ -1,0 +1,79 @@
+"""`flashnext checkpoint check|fix` through the real Click CLI on the tiny skeleton."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from flashnext.cli import main
+from flashnext.skeleton import write_skeleton
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "shipped"
+    write_skeleton(path, "tiny")
+    return path
+
+
+@pytest.fixture
+def model(shipped, tmp_path):
+    shutil.copytree(shipped, tmp_path / "m")
+    return tmp_path / "m"
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_check_json_fails_on_the_shipped_defects(model):
+    res = run("checkpoint", "check", "--model", str(model), "--json")
+    assert res.exit_code == 1
+    doc = json.loads(res.output)
+    assert doc["ok"] is False and doc["schema_version"] == 1
+    failed = {f["id"] for f in doc["findings"] if f["status"] == "fail"}
+    assert {"duplicate-targets", "wrong-scheme", "generation-config"} <= failed
+
+
+def test_fix_dry_run_then_fix_then_check(model, tmp_path):
+    res = run("checkpoint", "fix", "--model", str(model), "--dry-run")
+    assert res.exit_code == 1  # the sampling keys still need a source
+    assert res.output.startswith("--- a/config.json\n+++ b/config.json\n")
+    assert "would fix: group_0 (INT4 g128): targets ['Linear'] -> 1 explicit pattern(s)" in (
+        res.output
+    )
+    assert not (model / "config.json.orig").exists()
+
+    res = run("checkpoint", "fix", "--model", str(model), "--sampling", "temperature=0.7",
+              "--sampling", "top_p=0.8")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert f"original kept as {model / 'config.json.orig'}\n" in res.output
+    assert "fixed: generation_config.json: set temperature, top_p\n" in res.output
+
+    res = run("checkpoint", "check", "--model", str(model))
+    assert res.exit_code == 0, res.output
+    res = run("checkpoint", "fix", "--model", str(model), "--json")
+    assert res.exit_code == 0
+    assert json.loads(res.output)["changed"] == []
+
+
+def test_fix_usage_errors(model, tmp_path):
+    res = CliRunner().invoke(main, ["checkpoint", "fix", "--model", str(model),
+                                    "--sampling", "top_k=20",
+                                    "--generation-config-from", str(tmp_path)])  # fmt: skip
+    assert res.exit_code == 2
+    assert "Error: pass --generation-config-from or --sampling, not both" in res.output
+    res = CliRunner().invoke(main, ["checkpoint", "fix", "--model", str(model),
+                                    "--sampling", "temp=1"])  # fmt: skip
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: --sampling 'temp=1': expected KEY=VALUE, KEY one of ")
+    assert not (model / "config.json.orig").exists()  # nothing half-written
+
+
+def test_check_on_a_non_checkpoint_says_what_to_do(tmp_path):
+    res = CliRunner().invoke(main, ["checkpoint", "check", "--model", str(tmp_path)])
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: ")
+    assert "config.json" in res.output
