@@ -515,6 +515,58 @@ def facts_command(
         click.echo(f"facts written to {out}")
 
 
+# ---- skeleton commands (owner: skeleton)
+
+
+@main.command("skeleton")
+@click.argument("out_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="Write the 4-layer toy of the architecture (real bytes, ~5 MB) instead of the full model.",
+)
+@click.option(
+    "--fixed-metadata",
+    is_flag=True,
+    help="Write the checkpoint as `checkpoint fix` leaves it: explicit config_groups targets "
+    "and sampling keys in generation_config.json. Default: the shipped export defects.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as canonical JSON.")
+def skeleton_command(out_dir: str, tiny: bool, fixed_metadata: bool, as_json: bool) -> None:
+    """Write a Qwen3.8-Flash-Next INT4-mixed checkpoint skeleton to DIR (new or empty).
+
+    The full skeleton has the true tensor inventory (names, dtypes, shapes,
+    quantization config) with real safetensors headers and sparse data: about
+    160 GB apparent, ~60 MB on disk. Plan and preflight against it before
+    downloading: `flashnext plan --model DIR`.
+    """
+    import dataclasses
+
+    from flashnext.render import emit_json, gib, render_table
+    from flashnext.skeleton import SkeletonError, write_skeleton
+
+    try:
+        summary = write_skeleton(out_dir, "tiny" if tiny else "full", fixed_metadata=fixed_metadata)
+    except (SkeletonError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        emit_json(dataclasses.asdict(summary))
+        return
+    render_table(
+        "checkpoint skeleton",
+        ("field", "value"),
+        [
+            ("path", summary.path),
+            ("variant", summary.variant),
+            ("metadata", "fixed" if summary.fixed_metadata else "as shipped (2 defects)"),
+            ("files", summary.files),
+            ("tensors", summary.tensors),
+            ("tensor bytes", f"{summary.data_bytes} ({gib(summary.data_bytes)})"),
+            ("header bytes", summary.header_bytes),
+        ],
+    )
+
+
 # ---- checkpoint / bench / report commands (owner: operate)
 
 
