@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pinkit import buildenv
-
 from fakewheels import make_closure, write_patches, write_pins
+from pinkit import buildenv
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_ENV = REPO / "pins" / "build-env"
