@@ -12,14 +12,17 @@ let
   };
 in
 {
+  # Changes here do not refetch: a fixed-output path depends on its name
+  # (which carries the lock's hash) and its output hash only.
   wheelhouse = source [
-    ../pins/requirements-cp312.txt
-    ../pins/build-env
+    ../pins
+    ../nix/build-vllm-env.py
   ];
 
   vllmEnv = source [
     ../pins
     ../patches
+    ../nix/build-vllm-env.py
   ];
 
   launcher = source [ ../launcher ];

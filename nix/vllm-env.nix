@@ -42,13 +42,24 @@ stdenv.mkDerivation {
   ];
 
   dontConfigure = true;
+  # pins/build-env's steps (nix/build-vllm-env.py): venv, offline
+  # --require-hashes install from the wheelhouse, stock copy, patches/apply.
   buildPhase = ''
     runHook preBuild
-    export HOME="$TMPDIR" FLASHNEXT_CACHE="$TMPDIR/cache"
-    bash pins/build-env --python ${python.interpreter} --wheelhouse ${wheelhouse} --prefix "$out"
+    export HOME="$TMPDIR"
+    ${python.interpreter} nix/build-vllm-env.py install "$out" ${wheelhouse}
     runHook postBuild
   '';
   dontInstall = true;
+
+  # The import smoke runs on the output as it will be used: after
+  # autoPatchelf has pointed the wheels' libraries at the store.
+  doInstallCheck = true;
+  installCheckPhase = ''
+    runHook preInstallCheck
+    ${python.interpreter} nix/build-vllm-env.py smoke "$out"
+    runHook postInstallCheck
+  '';
 
   # Stripping the CUDA libraries saves little and has broken them before.
   dontStrip = true;

@@ -30,18 +30,16 @@ stdenvNoCC.mkDerivation {
   name = "flashnext-wheelhouse-cp312-${builtins.substring 0 16 pins.lockSha256}";
   inherit src;
 
-  nativeBuildInputs = [
-    python
-    python.pkgs.pip
-  ];
+  # pins/pinkit runs `sys.executable -m pip download`: a Python with pip.
+  nativeBuildInputs = [ (python.withPackages (ps: [ ps.pip ])) ];
 
   dontConfigure = true;
   buildPhase = ''
     runHook preBuild
     export HOME="$TMPDIR" SSL_CERT_FILE=${cacert}/etc/ssl/certs/ca-bundle.crt
-    # Same step CI runs outside Nix (pins/build-env): pip download with
-    # --require-hashes into a directory that then holds only the wheels.
-    bash pins/build-env --python ${python.interpreter} --wheelhouse-only "$out"
+    # pins/build-env's own download step (pip download --require-hashes, then
+    # every file hashed against the lock); $out holds only the wheels.
+    python3 nix/build-vllm-env.py wheelhouse "$out"
     runHook postBuild
   '';
   dontInstall = true;
