@@ -64,6 +64,9 @@ def test_child_exit_reports_code_and_output_tail():
     assert "flashnext: error: the server exited with code 3\n" in log
     tail = log.split("last lines of the server's output:\n", 1)[1]
     assert "RuntimeError: stand-in told to exit" in tail
+    # the engine the dead server left behind is reaped with its process group
+    engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", log).group(1))
+    assert not pid_alive(engine_pid)
 
 
 def test_child_killed_by_signal_names_the_signal():

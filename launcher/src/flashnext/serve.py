@@ -498,6 +498,8 @@ class _Watch:
                 return done
             alive = engine_processes(self.proc.pid)
             lost = {p: t for p, t in engines.items() if p not in alive}
+            if lost and self.proc.poll() is not None:
+                continue  # the server itself exited (its children were reparented): say that
             if lost:
                 pid, title = sorted(lost.items())[0]
                 status, _ = _request(health_url, None, request_timeout_s)
