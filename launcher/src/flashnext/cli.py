@@ -736,7 +736,12 @@ def _json_file(path: str | None, what: str) -> dict | None:
     show_envvar=True,
     help="Server base URL, e.g. http://127.0.0.1:8000.",
 )
-@click.option("--served-model-name", default="qwen3.8-flash-next", show_default=True)
+@click.option(
+    "--served-model-name",
+    default="qwen3.8-flash-next",
+    show_default=True,
+    help="Model name to request (as `flashnext serve` registered it).",
+)
 @click.option(
     "--api-key-file",
     type=click.Path(exists=True, dir_okay=False),
@@ -770,8 +775,20 @@ def _json_file(path: str | None, what: str) -> dict | None:
     type=click.IntRange(1),
     help="Prompts prefilled at once (the seed's figure used 4).",
 )
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0))
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--warmup",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Unmeasured runs before each measurement (graphs, caches, page faults).",
+)
+@click.option(
+    "--runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Measured runs per measurement; the summary reports their median.",
+)
 @click.option(
     "--facts",
     "facts_file",
