@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from flashnext.profiles import Profile
 
 if TYPE_CHECKING:
+    from flashnext.host_pools import HostPools
     from flashnext.plan import PlanOptions
-    from flashnext.qsa_sizing import HostPools
 
 # Knobs our patch series adds to vLLM (patches/vllm-0.33.0/): registered in
 # vllm/envs.py or as EngramConfig fields, never read ad hoc.

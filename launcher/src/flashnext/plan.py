@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flashnext import qsa_sizing
+from flashnext import host_pools
 from flashnext.facts.model_derived import ple_layer_ids, ple_shard_names
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.partition import pp_layer_ranges, rank_of_layer
@@ -121,7 +121,7 @@ class Plan:
     tightest_rank: int
     kv_cache_memory_bytes: Planned
     max_model_len: Planned
-    qsa: qsa_sizing.HostPools | None
+    qsa: host_pools.HostPools | None
     host_ram_needed_bytes: int
     pinned_bytes_needed: int
     decode: DecodeRoofline
@@ -232,7 +232,7 @@ def plan(
     # One --kv-cache-memory-bytes applies to every rank: size it for the
     # rank with the least VRAM left after weights and buffers.
     tightest = min(range(pp), key=lambda r: usable - fixed[r])
-    kv, qsa = _kv_cache_bytes(text, ranges, qsa_layers, profile, options, usable - fixed[tightest])
+    kv, qsa = _kv_cache_bytes(text, ranges, profile, options, usable - fixed[tightest])
 
     rank_plans = tuple(
         RankPlan(
@@ -289,46 +289,41 @@ def plan(
 def _kv_cache_bytes(
     text: dict[str, Any],
     ranges: list[tuple[int, int]],
-    qsa_layers: tuple[int, ...],
     profile: Profile,
     options: PlanOptions,
     vram_left: int,
-) -> tuple[Planned, qsa_sizing.HostPools | None]:
+) -> tuple[Planned, host_pools.HostPools | None]:
     offload = profile.qsa_offload
-    layers_per_rank = [sum(1 for i in qsa_layers if s <= i < e) for s, e in ranges]
+    shape = host_pools.shape_from_text(text)
+    pp = len(ranges)
+    counts = [end - start for start, end in ranges]
 
-    def pools(kv: int) -> qsa_sizing.HostPools | None:
+    def pools(kv: int) -> host_pools.HostPools | None:
         if not offload.enabled:
             return None
-        return qsa_sizing.host_pools(text, layers_per_rank, kv, pinning=offload.host_pinning)
+        return host_pools.host_pools(shape, pp, counts, kv, offload.host_pinning)
 
     if options.kv_cache_memory_bytes is not None:
         kv = options.kv_cache_memory_bytes
         return Planned(kv, "flag", "--kv-cache-memory-bytes given"), pools(kv)
 
     cap = profile.memory.kv_cache_memory_bytes_max
-    kv, why = (
-        (vram_left, "VRAM left on the tightest rank")
-        if vram_left < cap
-        else (
-            cap,
-            f"profile cap (VRAM left on the tightest rank: {vram_left} bytes)",
-        )
-    )
+    if vram_left < cap:
+        kv, why = vram_left, "VRAM left on the tightest rank"
+    else:
+        kv, why = cap, f"profile cap (VRAM left on the tightest rank: {vram_left} bytes)"
     if kv <= 0:
         # Nothing fits: plan zero KV and let preflight show which rank overflows.
-        return Planned(
-            0, "derived", f"no VRAM left: the tightest rank is short by {-kv} bytes"
-        ), pools(0)
+        return Planned(0, "derived", f"no VRAM left: short by {-kv} bytes"), pools(0)
     if offload.enabled:
-        fitted = qsa_sizing.largest_kv_within_host_cap(
-            text, layers_per_rank, kv, offload.max_host_bytes, offload.host_pinning
+        fitted = host_pools.largest_kv_within_host_cap(
+            shape, pp, counts, kv, offload.max_host_bytes, offload.host_pinning
         )
         if fitted < kv:
             why += f"; lowered to keep each rank's pinned pools within {offload.max_host_bytes}"
             kv = fitted
         if offload.host_pinning == "pow2":
-            fitted = qsa_sizing.largest_kv_below_pow2(text, layers_per_rank, kv)
+            fitted = host_pools.largest_kv_below_pow2(shape, pp, counts, kv)
             if fitted < kv:
                 why += "; lowered so no pinned pool crosses a power of two"
                 kv = fitted
