@@ -1,0 +1,347 @@
+"""Patch 0010: the Qwen4Exp PLE table served from a memory-mapped flat file.
+
+Run with the real vLLM 0.33.0 code on CPU (tiny qwen4_exp, real safetensors
+shards, real mmap). Every `proves` test fails on the stock tree, where
+EngramConfig has no mmap_path and the table can only be loaded into memory.
+What needs a GPU (pinned staging, H2D copy, FULL graph replay) is proven by
+checks/gpu/test_ple_mmap_gather.py against the same ple_mmap module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+from ple_table_fixture import OTHER_NAME, SHARD_NAME, PleTable, table_geometry, write_ple_table
+from tiny_qwen4_exp import engine_args, write_tiny_qwen4_exp
+
+PATCH = "0010-qwen4-exp-ple-mmap-table.patch"
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def ple(tmp_path_factory: pytest.TempPathFactory) -> PleTable:
+    return write_ple_table(tmp_path_factory.mktemp("ple"))
+
+
+@pytest.fixture(scope="module")
+def dist(ple: PleTable):
+    """vLLM's world/TP/ETP groups of one CPU process (gloo), as a worker has them."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    config = engine_args(ple.model_dir).create_engine_config()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo",
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+        )  # fmt: skip
+        parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+
+
+def _config(ple: PleTable, **engram):
+    return engine_args(ple.model_dir, engram_config=engram).create_engine_config()
+
+
+def _ngram_embedding(config):
+    """The PLE layer's n-gram embedding module as the model builds it (CPU, bf16)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding
+
+    text_config = config.model_config.hf_text_config
+    with set_current_vllm_config(config), torch.device("cpu"):
+        return Qwen4ExpNGramEmbedding(
+            text_config,
+            int(text_config.ple_embed_dim),
+            0,
+            config.scheduler_config.max_num_batched_tokens,
+            data_parallel_rank=0,
+            prefix="model.layers.1.ple.ple_embedding",
+            params_dtype=torch.bfloat16,
+        )
+
+
+def _batch(seed: int):
+    """Three requests of 5, 1 and 9 tokens with their n-gram context, as the runner passes them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, 512, (15,), generator=gen, dtype=torch.int32)
+    query_start_loc = torch.tensor([0, 5, 6, 15], dtype=torch.int32)
+    ngram_context = torch.randint(0, 512, (3, 2), generator=gen, dtype=torch.int32)
+    return input_ids, query_start_loc, ngram_context
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def _resident_pages(path: Path, offset: int, length: int) -> int:
+    """Page-cache pages of a file range (mincore over a fresh read-only mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    span = offset + length - start
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+        assert addr not in (None, ctypes.c_void_p(-1).value), "mmap failed"
+        pages = (span + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(span), vec) == 0
+        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(span))
+        return sum(b & 1 for b in bytes(vec))
+    finally:
+        os.close(fd)
+
+
+def _drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # DONTNEED leaves dirty pages in the cache
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- proofs
+
+
+@pytest.mark.proves(PATCH)
+def test_engram_config_selects_the_mmap_backend(ple: PleTable, dist) -> None:
+    from vllm.models.qwen4_exp.common.ngram_embedding import Qwen4ExpPLEMmapEmbedding
+
+    config = _config(ple, mmap_path=str(ple.table_path))
+    assert config.engram_config.mmap_path == str(ple.table_path)
+    # The backend changes the graph (hash); the file's location does not.
+    other = _config(ple, mmap_path="/elsewhere/ple.bin")
+    assert config.engram_config.compute_hash() == other.engram_config.compute_hash()
+    assert config.engram_config.compute_hash() != _config(ple).engram_config.compute_hash()
+
+    module = _ngram_embedding(config)
+    table = module.ngram_embedding
+    assert isinstance(table, Qwen4ExpPLEMmapEmbedding)
+    assert tuple(table.weight.shape) == (ple.rows, ple.dim)
+    # The weight is the mapping itself, not a copy of it.
+    mapping_addr = ctypes.addressof(ctypes.c_char.from_buffer(table._mapping))
+    assert table.weight.data_ptr() == mapping_addr
+
+
+@pytest.mark.proves(PATCH)
+def test_mmap_config_rejects_device_table(ple: PleTable) -> None:
+    with pytest.raises(ValueError, match=r"cannot be combined with cpu_offload=False"):
+        _config(ple, mmap_path=str(ple.table_path), cpu_offload=False)
+
+
+@pytest.mark.proves(PATCH)
+def test_gathered_rows_equal_the_checkpoint_rows(ple: PleTable, dist) -> None:
+    import torch
+
+    module = _ngram_embedding(_config(ple, mmap_path=str(ple.table_path)))
+    table = module.ngram_embedding
+    flat = torch.cat(ple.shards)
+    gen = torch.Generator().manual_seed(1)
+    for n in (1, 16 * 7, 16 * 33):
+        ids = torch.randint(0, ple.rows, (n // 16 or 1, ple.heads), generator=gen)
+        # Make sure shard edges and the last row are in the sample.
+        ids.view(-1)[:3] = torch.tensor([0, ple.shards[0].shape[0], ple.rows - 1])
+        table.gather_rows(ids)
+        got = table.prepared_rows(ids.shape[0])
+        assert torch.equal(got, flat[ids.view(-1)].view(ids.shape[0], -1))
+
+
+@pytest.mark.proves(PATCH)
+def test_forward_matches_the_stock_cpu_path(ple: PleTable, dist) -> None:
+    """Same batch through the stock device-table path (loaded from the shards) and mmap."""
+    import torch
+
+    reference = _ngram_embedding(_config(ple, cpu_offload=False))
+    loaded = reference.load_weights(
+        (f"ngram_embedding.shard_{i}.weight", s) for i, s in enumerate(ple.shards)
+    )
+    assert loaded == {"ngram_embedding.weight"}
+    mapped = _ngram_embedding(_config(ple, mmap_path=str(ple.table_path)))
+
+    for seed in range(3):
+        input_ids, qsl, context = _batch(seed)
+        hidden = torch.zeros(input_ids.shape[0], 8, dtype=torch.bfloat16)
+        want = reference(hidden, input_ids, qsl, context)
+        mapped.prepare_host_rows(input_ids, qsl, context)
+        got = mapped(hidden, input_ids, qsl, context)
+        assert got.shape == want.shape == (input_ids.shape[0], ple.heads * ple.dim)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.proves(PATCH)
+def test_forward_without_prepared_rows_is_refused(ple: PleTable, dist) -> None:
+    import torch
+
+    mapped = _ngram_embedding(_config(ple, mmap_path=str(ple.table_path)))
+    input_ids, qsl, context = _batch(0)
+    hidden = torch.zeros(input_ids.shape[0], 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"were not prepared .*prepare_inputs before forward"):
+        mapped(hidden, input_ids, qsl, context)
+
+
+@pytest.mark.proves(PATCH)
+def test_wrong_size_table_is_refused_with_the_fix(ple: PleTable, dist, tmp_path: Path) -> None:
+    short = tmp_path / "short.bin"
+    short.write_bytes(ple.table_path.read_bytes()[: -ple.dim * 2])
+    expected = ple.rows * ple.dim * 2
+    message = (
+        f"PLE table file {short} is {expected - ple.dim * 2} bytes, but this model's n-gram "
+        f"table is {ple.rows} rows x {ple.dim} x torch.bfloat16 = {expected} bytes. "
+        f"Write it from this checkpoint with `flashnext table prepare --model "
+        f"<checkpoint dir> --out {short}`"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _ngram_embedding(_config(ple, mmap_path=str(short)))
+
+
+@pytest.mark.proves(PATCH)
+def test_manifest_dtype_mismatch_is_refused(ple: PleTable, dist, tmp_path: Path) -> None:
+    table = tmp_path / "ple.bin"
+    os.link(ple.table_path, table)
+    (tmp_path / "ple.bin.json").write_text(
+        f'{{"rows": {ple.rows * 2}, "dim": {ple.dim // 2}, "dtype": "BF16"}}'
+    )
+    with pytest.raises(ValueError, match=r"holds \d+ x \d+ BF16 rows \(per .*ple.bin.json\)"):
+        _ngram_embedding(_config(ple, mmap_path=str(table)))
+
+
+class _CountingSafeOpen:
+    """safetensors.safe_open, recording which tensors are materialized (get_tensor)."""
+
+    def __init__(self, real, reads: list[str]) -> None:
+        self._real, self._reads = real, reads
+
+    def __call__(self, *args, **kwargs):
+        handle = self._real(*args, **kwargs)
+        reads = self._reads
+
+        class Handle:
+            def __enter__(self):
+                self._f = handle.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return handle.__exit__(*exc)
+
+            def keys(self):
+                return self._f.keys()
+
+            def metadata(self):
+                return self._f.metadata()
+
+            def get_tensor(self, name):
+                reads.append(name)
+                return self._f.get_tensor(name)
+
+        return Handle()
+
+
+@pytest.mark.proves(PATCH)
+def test_loader_reads_no_ple_shard_bytes(
+    tmp_path_factory: pytest.TempPathFactory, dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real DefaultModelLoader over a real file: no shard is read, the table counts as loaded.
+
+    128 MiB of shards share a file with a weight that is loaded, as in the
+    export: the shards must be skipped tensor by tensor. Reads are counted at
+    safetensors' get_tensor, and in the page cache (mincore): only the
+    readahead around the loaded weight may touch the shards' pages.
+    """
+    import torch
+    from vllm.config import LoadConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import default_loader, weight_utils
+    from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
+
+    big = write_ple_table(tmp_path_factory.mktemp("big"), ngram_vocab_size_base=500_000)
+    config = _config(big, mmap_path=str(big.table_path))
+    with set_current_vllm_config(config), torch.device("cpu"):
+        model = Qwen4ExpForConditionalGeneration(vllm_config=config, prefix="")
+    raw = big.shard_file.read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    spans = [header[SHARD_NAME.format(i)]["data_offsets"] for i in range(len(big.shards))]
+    start = 8 + header_len + min(s for s, _ in spans)
+    length = max(e for _, e in spans) - min(s for s, _ in spans)
+    del raw
+    assert length >= 120 << 20
+
+    _drop_page_cache(big.shard_file)
+    if _resident_pages(big.shard_file, start, length):
+        pytest.skip(f"the page cache of {big.shard_file} cannot be dropped here (tmpfs?)")
+    reads: list[str] = []
+    monkeypatch.setattr(weight_utils, "safe_open", _CountingSafeOpen(weight_utils.safe_open, reads))
+    loader = default_loader.DefaultModelLoader(LoadConfig(load_format="safetensors"))
+    seen = {}
+    for name, tensor in loader.get_all_weights(config.model_config, model):
+        seen[name] = tensor.clone()  # the copy a weight_loader makes
+    resident = _resident_pages(big.shard_file, start, length)
+
+    assert reads == [OTHER_NAME], f"tensors read: {reads}"
+    assert set(seen) == {OTHER_NAME}
+    pages = length // mmap.PAGESIZE
+    assert resident < pages // 4, f"{resident} of {pages} PLE shard pages were read"
+    # The table counts as loaded without its shards (the loader's check of
+    # weights "not initialized from checkpoint" passes for it).
+    loaded = model.load_weights(seen.items())
+    table_param = "language_model.model.layers.1.ple.ple_embedding.ngram_embedding.weight"
+    assert table_param in dict(model.named_parameters())
+    assert table_param in loaded
+
+
+@pytest.mark.proves(PATCH)
+def test_rss_does_not_grow_by_the_table_size(tmp_path: Path, dist) -> None:
+    """A 512 MiB table (sparse file) is mapped, gathered from and dummy-loaded: RSS stays put."""
+    import torch
+    from transformers import AutoConfig
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    model_dir = write_tiny_qwen4_exp(
+        tmp_path / "big", text_overrides={"ngram_vocab_size_base": 2_000_000}
+    )
+    rows, dim, heads, _ = table_geometry(AutoConfig.from_pretrained(model_dir).text_config)
+    size = rows * dim * 2
+    assert size >= 400 << 20
+    # A sparse file at full size (rows read as zeros): no 488 MiB of disk needed.
+    table = tmp_path / "sparse.bin"
+    with table.open("wb") as f:
+        f.truncate(size)
+    config = engine_args(model_dir, engram_config={"mmap_path": str(table)})
+    config = config.create_engine_config()
+
+    rss0 = _rss_bytes()
+    module = _ngram_embedding(config)
+    input_ids, qsl, context = _batch(0)
+    module.prepare_host_rows(input_ids, qsl, context)
+    DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(module, config.model_config)
+    rss1 = _rss_bytes()
+
+    assert rss1 - rss0 < size // 8, f"RSS grew by {(rss1 - rss0) >> 20} MiB"
+    # load_format=dummy did not write into the mapping (it would read as non-zero).
+    weight = module.ngram_embedding.weight
+    probe = torch.randint(0, rows, (4096,))
+    assert not weight[probe].any()
