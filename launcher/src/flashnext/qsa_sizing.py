@@ -1,146 +1,212 @@
-"""QSA K/V sizing under host offload: block size, block count, pinned host bytes.
+"""Block and host-byte arithmetic for QSA K/V offload (pure, bytes throughout).
 
-Pure arithmetic over the text config, shared by the launcher's planner and
-checked against the patched vLLM's own formula (checks/patches). Figures from
-shared/maps/QSA.md section 5 for the shipped config, 4 QSA layers per rank:
-mamba page 3,207,168 B (padded 3,211,264 = 1568 x 2048), offloaded QSA keeps
-66 B/token in VRAM, block = 12,144 tokens; 550e6 B of KV -> 171 blocks ->
-2,076,624 tokens -> 3.961 GiB of host K/V per layer.
-
-Interface used by flashnext.plan (keep it stable): HostPools, host_pools,
-largest_kv_within_host_cap, largest_kv_below_pow2.
+The planner uses this to size `--kv-cache-memory-bytes` and the pinned host
+RAM of the offloaded QSA arenas. It mirrors, formula for formula, what the
+patched vLLM 0.33.0 does (patch 0020, `_align_hybrid_block_size` and the
+`get_qsa_offload_page_layout` model hook; the arena sizing of 0021); the
+proof `checks/patches/test_qsa_block_size.py` runs the real vLLM code and
+asserts the two agree. Figures for the 3x3090 profile (SPEC.md, maps/QSA.md
+section 5): stock block 1568 tokens and a 3,211,264 B padded mamba page;
+under offload 12,144-token blocks, 550e6 B -> 171 blocks -> 2,076,624
+tokens -> 3.961 GiB of host K/V per QSA layer, 47.5 GiB for 12 layers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from math import lcm
 
-KV_BYTES_PER_TOKEN = 2048
-"""Host K/V of one QSA layer per token: 2 KV heads x (K + V) x 256 x bf16."""
+# The attention kernels take block sizes in multiples of 16
+# (Qwen4ExpQSAFlashAttentionBackend.get_supported_kernel_block_sizes).
+KERNEL_BLOCK_MULTIPLE = 16
+# What one offloaded QSA layer keeps in VRAM per token besides the pooled key:
+# the 2 B slot-number page of the main spec.
 SLOT_BYTES_PER_TOKEN = 2
-"""VRAM per token under offload: the slot number of the host row."""
-BLOCK_ALIGN = 16
-"""QSA kernels need block sizes that are multiples of 16."""
 
 
-def mamba_state_bytes(text: dict[str, Any]) -> int:
-    """Unpadded per-sequence state of one gated delta-net layer (conv + SSM)."""
-    key_dim = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
-    value_dim = int(text["linear_num_value_heads"]) * int(text["linear_value_head_dim"])
-    conv_dim = 2 * key_dim + value_dim
-    conv = (int(text["linear_conv_kernel_dim"]) - 1) * conv_dim * 2  # bf16
-    ssm_itemsize = 4 if text.get("mamba_ssm_dtype", "float32") == "float32" else 2
-    ssm = (
-        int(text["linear_num_value_heads"])
-        * int(text["linear_key_head_dim"])
-        * int(text["linear_value_head_dim"])
-        * ssm_itemsize
-    )
-    return conv + ssm
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def offloaded_vram_bytes_per_token(text: dict[str, Any]) -> int:
-    """Slot number plus the pooled indexer key (head_dim bf16 / compress ratio)."""
-    pooled = int(text["indexer_head_dim"]) * 2 // int(text["indexer_compress_ratio"])
-    return SLOT_BYTES_PER_TOKEN + pooled
-
-
-def block_tokens(text: dict[str, Any], qsa_layers_on_rank: int) -> int:
-    """Tokens per block so that the rank's QSA layers fill one mamba page."""
-    per_token = qsa_layers_on_rank * offloaded_vram_bytes_per_token(text)
-    tokens = mamba_state_bytes(text) // per_token
-    return tokens - tokens % BLOCK_ALIGN
-
-
-def num_blocks(text: dict[str, Any], kv_cache_bytes: int) -> int:
-    """Blocks that fit in --kv-cache-memory-bytes: one mamba page per block."""
-    return kv_cache_bytes // mamba_state_bytes(text)
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0
+def _round_up(value: int, multiple: int) -> int:
+    return _cdiv(value, multiple) * multiple
 
 
 @dataclass(frozen=True)
-class HostPools:
-    pinning: str
-    """"exact" (cudaHostRegister) or "pow2" (torch pinned allocator)."""
-    block_tokens: int
-    num_blocks: int
-    layers_per_rank: tuple[int, ...]
-    per_layer_exact_bytes: int
-    per_layer_pow2_bytes: int
+class QsaShape:
+    """The text_config fields the sizing depends on (Qwen3.8-Flash-Next values)."""
 
-    @property
-    def tokens(self) -> int:
-        """K/V capacity in tokens (shared by all sequences)."""
-        return self.num_blocks * self.block_tokens
+    num_hidden_layers: int = 48
+    full_attention_interval: int = 4  # QSA at layers 3, 7, ..., 47
+    num_key_value_heads: int = 2
+    head_dim: int = 256
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 48
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    indexer_head_dim: int = 128
+    indexer_compress_ratio: int = 4
+    dtype_bytes: int = 2  # bf16 activations and K/V
+    ssm_state_bytes: int = 4  # mamba_ssm_dtype float32
+    num_speculative_tokens: int = 0
 
-    @property
-    def layers(self) -> int:
-        return sum(self.layers_per_rank)
-
-    @property
-    def per_layer_pinned_bytes(self) -> int:
-        return self.per_layer_exact_bytes if self.pinning == "exact" else self.per_layer_pow2_bytes
-
-    @property
-    def total_exact_bytes(self) -> int:
-        return self.layers * self.per_layer_exact_bytes
-
-    @property
-    def total_pow2_bytes(self) -> int:
-        return self.layers * self.per_layer_pow2_bytes
-
-    @property
-    def pinned_total_bytes(self) -> int:
-        return self.layers * self.per_layer_pinned_bytes
-
-    @property
-    def max_rank_pinned_bytes(self) -> int:
-        return max(self.layers_per_rank) * self.per_layer_pinned_bytes
+    def qsa_layer_ids(self) -> list[int]:
+        step = self.full_attention_interval
+        return [i for i in range(self.num_hidden_layers) if (i + 1) % step == 0]
 
 
-def host_pools(
-    text: dict[str, Any], layers_per_rank: list[int], kv_cache_bytes: int, pinning: str
-) -> HostPools:
-    # vLLM needs one block size for every rank: size it for the rank with
-    # the most QSA layers (the smallest block).
-    tokens = block_tokens(text, max(layers_per_rank))
-    blocks = num_blocks(text, kv_cache_bytes)
-    exact = blocks * tokens * KV_BYTES_PER_TOKEN
-    return HostPools(
-        pinning=pinning,
-        block_tokens=tokens,
-        num_blocks=blocks,
-        layers_per_rank=tuple(layers_per_rank),
-        per_layer_exact_bytes=exact,
-        per_layer_pow2_bytes=pow2_ceil(exact),
-    )
+def pp_partition(
+    num_layers: int, pp_size: int, partition: list[int] | None = None
+) -> list[tuple[int, int]]:
+    """[start, end) layer ranges per PP rank, as vLLM's get_pp_indices computes them.
 
-
-def largest_kv_within_host_cap(
-    text: dict[str, Any], layers_per_rank: list[int], kv: int, cap_bytes: int, pinning: str
-) -> int:
-    """The largest KV bytes <= kv whose busiest rank pins at most cap_bytes."""
-    page = mamba_state_bytes(text)
-    while kv >= page:
-        if host_pools(text, layers_per_rank, kv, pinning).max_rank_pinned_bytes <= cap_bytes:
-            return kv
-        kv = (kv // page - 1) * page  # one block fewer
-    return 0
-
-
-def largest_kv_below_pow2(text: dict[str, Any], layers_per_rank: list[int], kv: int) -> int:
-    """The largest KV bytes <= kv whose per-layer pool fits the power of two below it.
-
-    PyTorch's pinned allocator rounds 4.03 GiB up to 8 GiB; 3.96 GiB costs 4.
+    ``partition`` is VLLM_PP_LAYER_PARTITION as a list of layer counts.
+    Without it, layers are spread evenly and the remainder goes to the
+    middle-to-last ranks (vllm.distributed.utils.get_pp_indices).
     """
-    pools = host_pools(text, layers_per_rank, kv, "pow2")
-    exact = pools.per_layer_exact_bytes
-    if exact == 0 or exact & (exact - 1) == 0:
-        return kv
-    floor_pow2 = pow2_ceil(exact) // 2
-    blocks = floor_pow2 // (pools.block_tokens * KV_BYTES_PER_TOKEN)
-    return blocks * mamba_state_bytes(text)
+    if pp_size <= 0:
+        raise ValueError(f"pipeline size must be positive, got {pp_size}")
+    if partition is not None:
+        if len(partition) != pp_size or sum(partition) != num_layers or min(partition) <= 0:
+            raise ValueError(
+                f"layer partition {partition} must be {pp_size} positive counts "
+                f"summing to {num_layers}"
+            )
+        counts = list(partition)
+    else:
+        counts = [num_layers // pp_size] * pp_size
+        remaining = num_layers % pp_size
+        for i in range(2, remaining + 2):
+            counts[-i] += 1
+    ranges, start = [], 0
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
+    return ranges
+
+
+def qsa_layers_per_rank(
+    shape: QsaShape, pp_size: int, partition: list[int] | None = None
+) -> list[int]:
+    """Number of QSA layers each PP rank holds."""
+    ids = shape.qsa_layer_ids()
+    return [
+        sum(start <= i < end for i in ids)
+        for start, end in pp_partition(shape.num_hidden_layers, pp_size, partition)
+    ]
+
+
+def mamba_page_bytes(shape: QsaShape) -> int:
+    """One gated-delta-net layer's state: conv state + fp32 temporal state."""
+    conv_dim = (
+        shape.linear_key_head_dim * shape.linear_num_key_heads * 2
+        + shape.linear_value_head_dim * shape.linear_num_value_heads
+    )
+    conv = (shape.linear_conv_kernel_dim - 1 + shape.num_speculative_tokens) * conv_dim
+    temporal = (
+        shape.linear_num_value_heads * shape.linear_value_head_dim * shape.linear_key_head_dim
+    )
+    return conv * shape.dtype_bytes + temporal * shape.ssm_state_bytes
+
+
+def kv_bytes_per_token(shape: QsaShape) -> int:
+    """Full K/V of one QSA layer per token (2048 B): what the host arena holds."""
+    return shape.num_key_value_heads * 2 * shape.head_dim * shape.dtype_bytes
+
+
+def offload_vram_bytes_per_token(shape: QsaShape) -> int:
+    """VRAM per token of one offloaded QSA layer: slot number + pooled indexer key (66 B)."""
+    pooled = shape.indexer_head_dim * shape.dtype_bytes // shape.indexer_compress_ratio
+    return SLOT_BYTES_PER_TOKEN + pooled
+
+
+def ring_capacity(shape: QsaShape) -> int:
+    """Raw-key ring tokens per request (QSAKeyStateCache.get_kv_cache_spec)."""
+    ratio = shape.indexer_compress_ratio
+    return _round_up(ratio + shape.num_speculative_tokens, ratio)
+
+
+def stock_block_size(shape: QsaShape, initial_block_size: int = 16) -> int:
+    """vLLM's stock hybrid block size: 2048 B/token pages covering a mamba page (1568)."""
+    align = max(KERNEL_BLOCK_MULTIPLE, initial_block_size)
+    return align * _cdiv(mamba_page_bytes(shape), align * kv_bytes_per_token(shape))
+
+
+def offload_block_size(shape: QsaShape, qsa_layers_on_busiest_rank: int) -> int:
+    """Patched block size under offload (12,144 for 4 QSA layers per rank).
+
+    The largest multiple of lcm(16, ring capacity) whose group page
+    (layers x VRAM bytes per token x block) fits in one unpadded mamba page.
+    """
+    align = lcm(KERNEL_BLOCK_MULTIPLE, ring_capacity(shape))
+    group = max(qsa_layers_on_busiest_rank, 1) * offload_vram_bytes_per_token(shape)
+    block = align * (mamba_page_bytes(shape) // (group * align))
+    if block < align:
+        raise ValueError(
+            f"{qsa_layers_on_busiest_rank} QSA layers per rank do not fit one block in the "
+            "mamba page; use more pipeline stages"
+        )
+    return block
+
+
+@dataclass(frozen=True)
+class QsaOffloadSizing:
+    """Everything the planner needs for one deployment (bytes unless named otherwise)."""
+
+    block_size_tokens: int
+    stock_block_size_tokens: int
+    mamba_page_bytes: int
+    stock_padded_page_bytes: int
+    group_page_bytes: int  # VRAM per block of one rank's QSA group
+    stock_waste_ratio: float  # padded page / what offloaded layers use at the stock size
+    num_blocks: int
+    tokens: int
+    host_bytes_per_layer: int
+    host_bytes_total: int  # all QSA layers of the model (every rank together)
+    host_bytes_busiest_rank: int
+    qsa_layers_per_rank: tuple[int, ...]
+
+
+def size_offload(
+    kv_cache_memory_bytes: int,
+    pp_size: int,
+    shape: QsaShape | None = None,
+    partition: list[int] | None = None,
+) -> QsaOffloadSizing:
+    """Blocks, tokens and exact host bytes for a per-rank KV budget.
+
+    ``kv_cache_memory_bytes`` is what `--kv-cache-memory-bytes` gives each
+    rank; the pool holds whole blocks of the QSA group's VRAM page.
+    """
+    shape = shape or QsaShape()
+    if kv_cache_memory_bytes <= 0:
+        raise ValueError(f"KV cache bytes must be positive, got {kv_cache_memory_bytes}")
+    per_rank = qsa_layers_per_rank(shape, pp_size, partition)
+    busiest = max(per_rank)
+    block = offload_block_size(shape, busiest)
+    group_page = busiest * offload_vram_bytes_per_token(shape) * block
+    num_blocks = kv_cache_memory_bytes // group_page
+    if num_blocks < 1:
+        raise ValueError(
+            f"{kv_cache_memory_bytes} bytes hold no {group_page}-byte block; raise "
+            "--kv-cache-memory-bytes"
+        )
+    stock_block = stock_block_size(shape)
+    stock_page = stock_block * kv_bytes_per_token(shape)
+    used_at_stock = busiest * offload_vram_bytes_per_token(shape) * stock_block
+    host_layer = num_blocks * block * kv_bytes_per_token(shape)
+    return QsaOffloadSizing(
+        block_size_tokens=block,
+        stock_block_size_tokens=stock_block,
+        mamba_page_bytes=mamba_page_bytes(shape),
+        stock_padded_page_bytes=stock_page,
+        group_page_bytes=group_page,
+        stock_waste_ratio=stock_page / used_at_stock,
+        num_blocks=num_blocks,
+        tokens=num_blocks * block,
+        host_bytes_per_layer=host_layer,
+        host_bytes_total=host_layer * len(shape.qsa_layer_ids()),
+        host_bytes_busiest_rank=host_layer * busiest,
+        qsa_layers_per_rank=tuple(per_rank),
+    )
