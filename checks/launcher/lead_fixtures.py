@@ -9,6 +9,7 @@ named variant of it, so a test says which fact it changes.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,3 +157,15 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
         (),
     ),
 }
+
+
+def split_shell_line(line: str) -> tuple[dict[str, str], list[str]]:
+    """`env K=V ... vllm serve ...` (what serve --dry-run prints) -> (env, argv)."""
+    words = shlex.split(line)
+    assert words[0] == "env"
+    env, i = {}, 1
+    while "=" in words[i] and not words[i].startswith("-"):
+        key, value = words[i].split("=", 1)
+        env[key] = value
+        i += 1
+    return env, words[i:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from flashnext.cli import main
 from flashnext.facts.schema import dumps
-from lead_fixtures import BASE_FILE, VARIANTS, base_facts
+from lead_fixtures import BASE_FILE, VARIANTS, base_facts, split_shell_line
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = "/nvme/flashnext/ple-table.bin"
@@ -27,17 +26,6 @@ def dry_run(model_dir, *extra):
     return invoke(
         "serve", "--dry-run", "--facts", BASE_FILE, "--model", model_dir, "--table", TABLE, *extra
     )
-
-
-def split_shell_line(line: str) -> tuple[dict[str, str], list[str]]:
-    words = shlex.split(line)
-    assert words[0] == "env"
-    env, i = {}, 1
-    while "=" in words[i] and not words[i].startswith("-"):
-        key, value = words[i].split("=", 1)
-        env[key] = value
-        i += 1
-    return env, words[i:]
 
 
 def flag_values(argv: list[str]) -> dict[str, str | None]:

@@ -19,10 +19,9 @@ if TYPE_CHECKING:
 
 # Knobs our patch series adds to vLLM (patches/vllm-0.33.0/): registered in
 # vllm/envs.py or as EngramConfig fields, never read ad hoc.
-ENV_QSA_OFFLOAD = "VLLM_QSA_KV_OFFLOAD"
-ENV_QSA_OFFLOAD_MAX_GIB = "VLLM_QSA_KV_OFFLOAD_MAX_GIB"
-ENGRAM_STORAGE_MMAP = {"storage": "mmap"}
-ENGRAM_PATH_KEY = "mmap_path"
+ENV_QSA_OFFLOAD = "VLLM_QSA_KV_OFFLOAD"  # 0020: host K/V arenas on
+ENV_QSA_OFFLOAD_MAX_HOST_BYTES = "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"  # 0020: cap per rank
+ENGRAM_MMAP_PATH = "mmap_path"  # 0010: EngramConfig field, the PLE table file
 
 
 def compilation_config_json(profile: Profile) -> str:
@@ -63,7 +62,7 @@ def build_command(
     # The checkpoint ships a vision tower; text serving keeps it off the GPUs.
     argv += ["--language-model-only"]
     if options.table_path:
-        engram = {**ENGRAM_STORAGE_MMAP, ENGRAM_PATH_KEY: options.table_path}
+        engram = {ENGRAM_MMAP_PATH: options.table_path}
         argv += ["--engram-config", json.dumps(engram, sort_keys=True, separators=(",", ":"))]
     if options.generation_config_dir:
         argv += ["--generation-config", options.generation_config_dir]
@@ -73,7 +72,7 @@ def build_command(
         env["VLLM_PP_LAYER_PARTITION"] = options.pp_layer_partition
     if qsa is not None:
         env[ENV_QSA_OFFLOAD] = "1"
-        env[ENV_QSA_OFFLOAD_MAX_GIB] = str(profile.qsa_offload.max_host_bytes >> 30)
+        env[ENV_QSA_OFFLOAD_MAX_HOST_BYTES] = str(profile.qsa_offload.max_host_bytes)
     return argv, env
 
 

@@ -1,0 +1,150 @@
+"""What the launcher assumes about vLLM, asked of the real (patched) vLLM 0.33.0.
+
+The launcher never imports vLLM; these tests run vLLM's own code in the pinned
+env (`pins/build-env`, path in FLASHNEXT_VLLM_PY) and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from flashnext.cli import main
+from flashnext.partition import PartitionError, pp_layer_ranges
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "checks" / "launcher"))
+from lead_fixtures import BASE_FILE, split_shell_line  # noqa: E402
+
+TABLE = "/nvme/flashnext/ple-table.bin"
+
+
+def vllm_python() -> str:
+    py = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not py:
+        pytest.fail("FLASHNEXT_VLLM_PY is not set: run this suite through checks/contract/run")
+    return py
+
+
+def ask_vllm(mode: str, request) -> object:
+    proc = subprocess.run(
+        [vllm_python(), str(HERE / "vllm_side.py"), mode],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def skeleton(tmp_path_factory):
+    from flashnext.skeleton import write_skeleton
+
+    path = tmp_path_factory.mktemp("contract") / "tiny"
+    write_skeleton(path, "tiny", fixed_metadata=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def parsed(skeleton):
+    """`serve --dry-run`'s argv, parsed by `vllm serve`'s own parser."""
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "--dry-run",
+            "--facts",
+            str(BASE_FILE),
+            "--model",
+            str(skeleton),
+            "--table",
+            TABLE,
+            "--kv-cache-memory-bytes",
+            "550000000",
+            "--generation-config",
+            str(skeleton),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    env, argv = split_shell_line(result.output.strip().splitlines()[-1])
+    assert argv[:2] == ["vllm", "serve"]
+    return env, ask_vllm("parse", argv[2:])
+
+
+def test_every_value_arrives_where_intended(parsed, skeleton):
+    _, ns = parsed
+    assert ns["model_tag"] == str(skeleton)
+    assert ns["served_model_name"] == ["qwen3.8-flash-next"]
+    assert (ns["host"], ns["port"]) == ("127.0.0.1", 8000)
+    assert (ns["pipeline_parallel_size"], ns["tensor_parallel_size"]) == (3, 1)
+    assert (ns["max_model_len"], ns["max_num_seqs"], ns["max_num_batched_tokens"]) == (
+        262144,
+        4,
+        512,
+    )
+    assert ns["enable_prefix_caching"] is False
+    assert ns["gpu_memory_utilization"] == 0.97
+    assert ns["kv_cache_memory_bytes"] == 550_000_000
+    assert ns["language_model_only"] is True
+    assert ns["generation_config"] == str(skeleton)
+
+
+def test_compilation_config_json_arrives_whole(parsed):
+    comp = parsed[1]["compilation_config"]
+    assert comp["mode"] == 0
+    assert comp["cudagraph_mode"] in ("FULL_DECODE_ONLY", 3, [2, 0])  # enum as dumped
+    assert comp["cudagraph_capture_sizes"] == [1, 2, 4]
+
+
+def test_engram_config_takes_the_table_path(parsed):
+    # The patch series adds EngramConfig.mmap_path (0010); stock vLLM rejects it.
+    assert parsed[1]["engram_config"]["mmap_path"] == TABLE
+
+
+def test_dotted_form_would_drop_the_json():
+    # Why the launcher emits one JSON (SPEC row CLI): vLLM 0.33.0 lets a dotted
+    # --compilation-config.x replace an earlier JSON instead of merging.
+    ns = ask_vllm(
+        "parse",
+        [
+            "m",
+            "--compilation-config",
+            '{"cudagraph_capture_sizes":[1,2,4],"mode":0}',
+            "--compilation-config.cudagraph_mode",
+            "FULL_DECODE_ONLY",
+        ],
+    )
+    assert ns["compilation_config"]["cudagraph_capture_sizes"] != [1, 2, 4]
+
+
+CASES = [
+    {"layers": 48, "pp": 3, "partition": None},
+    {"layers": 7, "pp": 3, "partition": None},
+    {"layers": 50, "pp": 3, "partition": None},
+    {"layers": 49, "pp": 4, "partition": None},
+    {"layers": 48, "pp": 3, "partition": "1,23,24"},
+    {"layers": 48, "pp": 3, "partition": "20,14,14"},
+    {"layers": 48, "pp": 3, "partition": "16,16"},
+    {"layers": 48, "pp": 3, "partition": "16,16,15"},
+]
+
+
+def test_partition_matches_get_pp_indices():
+    theirs = ask_vllm("pp", CASES)
+    for case, expected in zip(CASES, theirs, strict=True):
+        if isinstance(expected, dict):  # vLLM refuses it: so must we
+            with pytest.raises(PartitionError):
+                pp_layer_ranges(case["layers"], case["pp"], case["partition"])
+        else:
+            ours = pp_layer_ranges(case["layers"], case["pp"], case["partition"])
+            assert [list(r) for r in ours] == expected, case
