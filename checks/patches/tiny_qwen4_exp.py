@@ -98,3 +98,44 @@ def engine_args(model_dir: Path, **overrides: Any):
     }
     kwargs.update(overrides)
     return EngineArgs(**kwargs)
+
+
+def ensure_single_process_distributed() -> None:
+    """World size 1 over gloo (once per process), as a PP=1 CPU worker has."""
+    import tempfile
+
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        parallel_state,
+    )
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    fd, init_file = tempfile.mkstemp(prefix="flashnext-dist-")
+    os.close(fd)
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        distributed_init_method=f"file://{init_file}",
+        backend="gloo",
+    )
+    initialize_model_parallel(1, 1)
+
+
+def build_model(vllm_config, device: str = "meta"):
+    """Instantiate the real Qwen4ExpForConditionalGeneration (no weights, no forward).
+
+    Runs inside set_current_vllm_config, which also registers the attention
+    layers in the config's static forward context (the KV cache spec source).
+    """
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(vllm_config):
+        ensure_single_process_distributed()
+        from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
+
+        with torch.device(device):
+            return Qwen4ExpForConditionalGeneration(vllm_config=vllm_config, prefix="")
