@@ -148,9 +148,26 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
     "table_on_hdd": (_table_on("sata", rotational=True), "table.medium", "fail", ()),
     "table_on_sata_ssd": (_table_on("sata", rotational=False), "table.medium", "warn", ()),
     "table_on_usb": (_table_on("usb", rotational=False), "table.medium", "warn", ()),
+    "gpu_unreadable": (
+        lambda f: dataclasses.replace(
+            f, gpu=dataclasses.replace(f.gpu, error="GPU 2: NVML_ERROR_GPU_IS_LOST")
+        ),
+        "gpu.nvml",
+        "warn",
+        (),
+    ),
+    "port_unbindable": (
+        lambda f: dataclasses.replace(
+            f,
+            ports=(PortFacts(host="127.0.0.1", port=8000, free=False, error="permission denied"),),
+        ),
+        "port",
+        "fail",
+        (),
+    ),
     "port_busy": (
         lambda f: dataclasses.replace(
-            f, ports=(PortFacts(host="127.0.0.1", port=8000, free=False, error="in use"),)
+            f, ports=(PortFacts(host="127.0.0.1", port=8000, free=False),)
         ),
         "port",
         "fail",

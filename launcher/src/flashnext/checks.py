@@ -90,6 +90,15 @@ def gpus(inp: PreflightInput) -> Iterator[Finding]:
             "--device nvidia.com/gpu=all",
         )
         return
+    if gpu.error:  # NVML answered, but not about everything
+        yield Finding(
+            "gpu.nvml",
+            "warn",
+            gpu.error,
+            "every GPU readable",
+            f"NVML could not report everything: {gpu.error}",
+            "check `nvidia-smi -q`; a GPU that fell off the bus needs a reboot",
+        )
     devices = gpu.devices
     seen = ", ".join(sorted({d.name for d in devices})) or "none"
     matching = [d for d in devices if spec.matches(d)]
@@ -614,6 +623,15 @@ def port(inp: PreflightInput) -> Iterator[Finding]:
             continue
         if p.free:
             yield _ok("port", f"{p.host}:{p.port} free", "free", "the API can bind")
+        elif p.error:  # the probe could not answer (bad address, no permission)
+            yield Finding(
+                "port",
+                "fail",
+                f"{p.host}:{p.port}: {p.error}",
+                "bindable",
+                f"cannot bind {p.host}:{p.port}: {p.error}",
+                "pass --host with an address of this machine, or a --port above 1023",
+            )
         else:
             yield Finding(
                 "port",
