@@ -4,7 +4,7 @@ Run with the real vLLM 0.33.0 code on CPU (tiny qwen4_exp, real safetensors
 shards, real mmap). Every `proves` test fails on the stock tree, where
 EngramConfig has no mmap_path and the table can only be loaded into memory.
 What needs a GPU (pinned staging, H2D copy, FULL graph replay) is proven by
-checks/gpu/test_ple_mmap_gather.py against the same ple_mmap module.
+checks/patches/test_ple_mmap_gpu.py against the same ple_mmap module.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from flashnext.table.errors import TableError
 from flashnext.table.layout import TableLayout, read_layout
 from flashnext.table.source import ShardReader
 from flashnext.table.storage_policy import space_refusal, storage_refusal
+from flashnext.table.writeback import Writeback
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_SYNC_BYTES = 1 << 30
@@ -170,25 +171,25 @@ def _stream(
 ) -> None:
     total = layout.total_bytes
     since_sync = 0
-    synced = start
+    writeback = Writeback(dst_fd)
     with ShardReader(layout) as reader:
         pos = start
         while pos < total:
             n = min(chunk_bytes, total - pos)
             for shard, inner, length in reader.spans(pos, n):
                 src = reader.fd_for(shard)
-                _copy_range(src, shard.data_offset_bytes + inner, dst_fd, pos, length)
+                src_off = shard.data_offset_bytes + inner
+                _copy_range(src, src_off, dst_fd, pos, length)
                 # The shards are read once; keep them from crowding the page cache.
-                os.posix_fadvise(
-                    src, shard.data_offset_bytes + inner, length, os.POSIX_FADV_DONTNEED
-                )
+                os.posix_fadvise(src, src_off, length, os.POSIX_FADV_DONTNEED)
+                writeback.written(pos, length)
                 pos += length
             since_sync += n
             if since_sync >= sync_bytes or pos == total:
+                writeback.finish()
                 os.fdatasync(dst_fd)
-                os.posix_fadvise(dst_fd, synced, pos - synced, os.POSIX_FADV_DONTNEED)
                 write_json_atomic(journal, {"identity": identity, "committed_bytes": pos})
-                synced, since_sync = pos, 0
+                since_sync = 0
             if on_progress:
                 on_progress(pos, total)
 
