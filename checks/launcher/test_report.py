@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,40 @@ def test_write_report_is_atomic(tmp_path, monkeypatch):
         report.write_report(out, "new")
     assert out.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_applied_patches_read_from_the_serving_tree(tmp_path, monkeypatch):
+    (tmp_path / "series_dir").mkdir()
+    (tmp_path / "series_dir" / "0001-a.patch").write_bytes(b"x")
+    (tmp_path / "series_dir" / "series").write_text("0001-a.patch\n")
+    series = report.patch_series(tmp_path / "series_dir")
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise SystemExit('imported!')\n")  # must not be imported
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    found = report.vllm_package_dir(sys.executable)
+    assert found == pkg
+    assert report.applied_patches(found, series) == {
+        "dir": str(pkg), "stamp": None, "note": "stock tree: no patches applied",
+    }  # fmt: skip
+    stamp = {"vllm_version": "0.33.0", "patches": [
+        {"name": "0001-a.patch", "sha256": hashlib.sha256(b"x").hexdigest()}]}  # fmt: skip
+    (pkg / report.STAMP_NAME).write_text(json.dumps(stamp))
+    assert report.applied_patches(found, series)["matches_checkout"] is True
+    stamp["patches"][0]["sha256"] = "0" * 64  # an env built from an older series
+    (pkg / report.STAMP_NAME).write_text(json.dumps(stamp))
+    assert report.applied_patches(found, series)["matches_checkout"] is False
+
+
+def test_no_vllm_env_is_unavailable_not_fatal(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert report.vllm_package_dir(sys.executable) is None
+    assert report.vllm_package_dir(str(tmp_path / "no-python")) is None
+    assert "unavailable" in report.applied_patches(None, {})
+
+
+def test_env_versions_come_from_metadata(tmp_path):
+    v = report.env_versions(sys.executable)
+    assert v["python"] == platform.python_version()
+    assert v["vllm"] == "N/A"  # the launcher venv has no vLLM, and says so
+    assert "unavailable" in report.env_versions(str(tmp_path / "no-python"))

@@ -920,7 +920,14 @@ def bench(
     type=click.Path(dir_okay=False),
     help="Write the report here (atomically) instead of to stdout.",
 )
-def report_cmd(as_json: bool, out_file: str | None, **kw) -> None:
+@click.option(
+    "--vllm-python",
+    envvar="FLASHNEXT_VLLM_PY",
+    show_envvar=True,
+    help="Python of the vLLM env that serves (ENV/venv/bin/python): its patch stamp is "
+    "reported and checked against this checkout's series.",
+)
+def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **kw) -> None:
     """Facts, plan, preflight, versions and patch hashes as one redacted JSON file.
 
     Hostname, user name, serials/UUIDs, MAC and non-loopback IP addresses,
@@ -942,13 +949,18 @@ def report_cmd(as_json: bool, out_file: str | None, **kw) -> None:
         preflight = {"profile": a.profile.name, "findings": to_jsonable(a.findings)}
     except (click.ClickException, OSError, ValueError) as exc:
         preflight = {"unavailable": str(getattr(exc, "message", exc))}
+    series = r.patch_series(r.default_series_dir())
+    vllm_dir = r.vllm_package_dir(vllm_python) if vllm_python else None
     doc = r.build_report(
         facts=facts,
         plan=plan,
         preflight=preflight,
-        versions=r.versions(),
-        patches=r.patch_series(r.default_series_dir()),
+        versions={**r.versions(), "vllm_env": r.env_versions(vllm_python)}
+        if vllm_python
+        else r.versions(),
+        patches=series,
         redactor=r.redactor_for_this_host(facts),
+        applied=r.applied_patches(vllm_dir, series),
     )
     if out_file is None:
         emit_json(doc)

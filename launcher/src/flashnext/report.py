@@ -15,9 +15,11 @@ from __future__ import annotations
 import getpass
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +143,66 @@ def patch_series(series_dir: Path | None) -> dict[str, Any]:
     return {"dir": str(series_dir), "patches": patches}
 
 
+STAMP_NAME = "_flashnext_patches.json"
+"""Written into the vLLM package by patches/apply: which patches that tree carries."""
+
+
+def vllm_package_dir(python: str) -> Path | None:
+    """Where `python` finds the vllm package, without importing it (find_spec only)."""
+    code = (
+        "import importlib.util as u; s = u.find_spec('vllm'); "
+        "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(out) if out else None
+
+
+def env_versions(python: str) -> dict[str, str]:
+    """Distribution versions in another Python env (metadata only, nothing imported)."""
+    code = (
+        "import importlib.metadata as m, json, platform\n"
+        "def v(d):\n"
+        "    try:\n"
+        "        return m.version(d)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return 'N/A'\n"
+        "print(json.dumps({d: v(d) for d in ('vllm', 'torch', 'transformers', 'triton')}"
+        " | {'python': platform.python_version()}))"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        return json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"unavailable": f"{python}: {exc}"}
+
+
+def applied_patches(vllm_dir: Path | None, series: dict[str, Any]) -> dict[str, Any]:
+    """The stamp of the vLLM tree that serves, checked against this checkout's series."""
+    if vllm_dir is None:
+        return {"unavailable": "no vLLM env given (--vllm-python) or vllm not found in it"}
+    stamp_path = vllm_dir / STAMP_NAME
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except FileNotFoundError:
+        return {"dir": str(vllm_dir), "stamp": None, "note": "stock tree: no patches applied"}
+    except (OSError, ValueError) as exc:
+        return {"unavailable": f"{stamp_path}: {exc}"}
+    applied = [(p.get("name"), p.get("sha256")) for p in stamp.get("patches", [])]
+    expected = [(p["name"], p["sha256"]) for p in series.get("patches", [])]
+    return {
+        "dir": str(vllm_dir),
+        "stamp": stamp,
+        "matches_checkout": applied == expected if "patches" in series else None,
+    }
+
+
 def default_series_dir() -> Path | None:
     """The checkout's patches/vllm-<pin>/ when flashnext runs from a checkout."""
     here = Path(__file__).resolve()
@@ -178,6 +240,7 @@ def build_report(
     versions: dict[str, str],
     patches: dict[str, Any],
     redactor: Redactor,
+    applied: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report document, already redacted (with a count of what was redacted)."""
     raw = {
@@ -186,6 +249,7 @@ def build_report(
         "preflight": preflight if preflight is not None else {"unavailable": "not run"},
         "versions": versions,
         "patch_series": patches,
+        "vllm_applied_patches": applied if applied is not None else {"unavailable": "not asked"},
     }
     doc = redactor.value(raw)
     doc["report_schema_version"] = REPORT_SCHEMA_VERSION
