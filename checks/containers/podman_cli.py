@@ -1,10 +1,12 @@
 """Podman for the container tests: one storage, one set of flags, real subprocesses.
 
-The tests keep their own image store under $FLASHNEXT_CACHE/containers (vfs,
-which works everywhere, rootless or not, and never mixes with a user's
-store). runc and cgroupfs because crun and systemd cgroups fail on hybrid
-cgroup hosts; the nofile/nproc ulimits because podman's defaults exceed what
-such hosts allow (TOOLING.md).
+The tests keep their own image store under $FLASHNEXT_CACHE/containers, never
+mixed with a user's store: overlay as root (a container start costs seconds),
+vfs otherwise (works rootless everywhere, but copies the image per container).
+One directory per driver, since podman cannot switch a store's driver. runc
+and cgroupfs because crun and systemd cgroups fail on hybrid cgroup hosts;
+the nofile/nproc ulimits because podman's defaults exceed what such hosts
+allow (TOOLING.md).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import subprocess
 from pathlib import Path
 
 CACHE = Path(os.environ.get("FLASHNEXT_CACHE", Path.home() / ".cache" / "flashnext"))
-STORE = CACHE / "containers" / "storage"
-RUNROOT = Path(os.environ.get("XDG_RUNTIME_DIR", "/tmp")) / "flashnext-podman-run"
+DRIVER = "overlay" if os.geteuid() == 0 else "vfs"
+STORE = CACHE / "containers" / f"storage-{DRIVER}"
+RUNROOT = Path(os.environ.get("XDG_RUNTIME_DIR", "/tmp")) / f"flashnext-podman-{DRIVER}"
 
 GLOBAL_FLAGS = [
     "--root", str(STORE),
     "--runroot", str(RUNROOT),
-    "--storage-driver", "vfs",
+    "--storage-driver", DRIVER,
     "--runtime", "runc",
     "--cgroup-manager", "cgroupfs",
     "--events-backend", "file",
