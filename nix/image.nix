@@ -49,6 +49,9 @@ let
       "SSL_CERT_FILE=/etc/ssl/certs/ca-bundle.crt"
       "NVIDIA_DRIVER_CAPABILITIES=compute,utility"
       "HOME=/tmp"
+      # Inside the container's network namespace; `-p 127.0.0.1:8000:8000`
+      # decides who can reach it from the host.
+      "FLASHNEXT_HOST=0.0.0.0"
       # vLLM, Triton and torch caches: mount a volume here to keep compiled
       # kernels across restarts (containers/README.md).
       "XDG_CACHE_HOME=/var/cache/flashnext"

@@ -122,6 +122,8 @@ def test_containerfile_follows_the_contract():
     assert froms == ["docker.io/vllm/vllm-openai:v0.33.0@${VLLM_OPENAI_DIGEST}"]
     runs = " ".join(rest for word, rest in instr if word == "RUN")
     assert "/opt/flashnext/patches/apply" in runs, "the image must apply the same series"
+    envs = [rest for word, rest in instr if word == "ENV"]
+    assert envs == [f"FLASHNEXT_HOST={contract()['nix_image_env']['FLASHNEXT_HOST']}"]
     health = [rest for word, rest in instr if word == "HEALTHCHECK"]
     assert len(health) == 1 and '["flashnext-health"]' in health[0]
 
