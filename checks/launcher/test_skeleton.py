@@ -24,8 +24,13 @@ import pytest
 from click.testing import CliRunner
 from flashnext.cli import main
 from flashnext.facts.model import INDEX_FILE, read_model_facts
-from flashnext.facts.model_derived import ple_table_shape, sampling_keys_present
+from flashnext.facts.model_derived import (
+    ple_head_vocab_sizes,
+    ple_table_shape,
+    sampling_keys_present,
+)
 from flashnext.skeleton import (
+    QSA_OFF,
     SkeletonError,
     build_inventory,
     skeleton_config,
@@ -393,20 +398,27 @@ def test_cli_writes_and_refuses(tmp_path):
 
 _VLLM_CHILD = textwrap.dedent(
     """
-    import json, os, sys
+    import glob, json, os, sys, tempfile
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tiny, full_config = sys.argv[1], json.loads(sys.argv[2])
+    tiny, plain, full_config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    import torch
     import vllm
+    from safetensors import safe_open
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
     from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding as NE
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsConfig,
     )
+
+    def engine(model, **kw):
+        return EngineArgs(model=model, skip_tokenizer_init=True, load_format="dummy",
+                          max_model_len=512, enforce_eager=True, **kw).create_engine_config()
+
     out = {"version": vllm.__version__}
-    cfg = EngineArgs(model=tiny, skip_tokenizer_init=True, load_format="dummy",
-                     max_model_len=512, enforce_eager=True).create_engine_config()
-    mc = cfg.model_config
+    mc = engine(tiny).model_config
     out["engine"] = {"architectures": mc.architectures, "quantization": mc.quantization,
                      "text_model_type": mc.hf_text_config.model_type,
                      "num_layers": mc.hf_text_config.num_hidden_layers,
@@ -415,16 +427,41 @@ _VLLM_CHILD = textwrap.dedent(
     ct = CompressedTensorsConfig.from_config(full_config["quantization_config"])
     out["targets"] = {k: [v["weights"].num_bits, v["weights"].group_size]
                       for k, v in ct.target_scheme_map.items()}
-    layouts = {}
-    for label, text in (("full", full_config["text_config"]),):
-        heads = (text["ngram_size"] - 1) * text["heads_per_ngram"]
-        sizes, offsets, total = NE._make_vocab_layout(
-            ngram_vocab_size_base=text["ngram_vocab_size_base"], ngram_heads=heads,
-            ple_dense_layer_id=0)
-        mult = NE._make_layer_multipliers(ngram_size=text["ngram_size"],
-            unigram_vocab_size=text["vocab_size"], seed=text["seed"], ple_dense_layer_id=0)
-        layouts[label] = {"sizes": sizes, "total": total, "multipliers": mult}
-    out["ple"] = layouts
+    text = full_config["text_config"]
+    heads = (text["ngram_size"] - 1) * text["heads_per_ngram"]
+    sizes, offsets, total = NE._make_vocab_layout(
+        ngram_vocab_size_base=text["ngram_vocab_size_base"], ngram_heads=heads,
+        ple_dense_layer_id=0)
+    mult = NE._make_layer_multipliers(ngram_size=text["ngram_size"],
+        unigram_vocab_size=text["vocab_size"], seed=text["seed"], ple_dense_layer_id=0)
+    out["ple"] = {"sizes": sizes, "total": total, "multipliers": mult}
+
+    # Build the real model on CPU (language model only, PLE table on the
+    # device backend, no QSA: it needs FlashAttention) and feed it every
+    # checkpoint tensor through its own load_weights: an unknown name raises.
+    cfg = engine(plain, language_model_only=True, dtype="bfloat16",
+                 engram_config={"cpu_offload": False})
+    with set_current_vllm_config(cfg):
+        fd, init_file = tempfile.mkstemp(); os.close(fd)
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+            distributed_init_method="file://" + init_file, backend="gloo")
+        initialize_model_parallel(1, 1)
+        from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
+        with torch.device("cpu"):
+            model = Qwen4ExpForConditionalGeneration(vllm_config=cfg, prefix="")
+        def weights():
+            for path in sorted(glob.glob(os.path.join(plain, "*.safetensors"))):
+                with safe_open(path, framework="pt") as f:
+                    for key in f.keys():
+                        yield key, f.get_tensor(key)
+        loaded = model.load_weights(weights())
+        params = {n for n, _ in model.named_parameters()}
+        table = next(m for n, m in model.named_modules()
+                     if n.endswith("ple_embedding.ngram_embedding")).weight
+        rows = [0, 1, 255, 256, table.shape[0] // 2 + 3, table.shape[0] - 1]
+        out["load"] = {"unloaded": sorted(params - set(loaded)),
+                       "table_shape": list(table.shape),
+                       "table_rows": {str(r): float(table[r, 0]) for r in rows}}
     print("RESULT " + json.dumps(out))
     """
 )
@@ -439,7 +476,7 @@ def _vllm_python() -> str | None:
     return str(dev) if dev.exists() else None
 
 
-def test_vllm_accepts_the_tiny_checkpoint(tmp_path):
+def test_vllm_accepts_the_tiny_checkpoint_and_its_tensor_names(tmp_path):
     py = _vllm_python()
     if py is None:
         pytest.skip(
@@ -448,11 +485,12 @@ def test_vllm_accepts_the_tiny_checkpoint(tmp_path):
     probe = subprocess.run([py, "-c", "import vllm"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"{py} cannot import vllm: {probe.stderr.strip().splitlines()[-1:]}")
-    root = tmp_path / "tiny"
+    root, plain = tmp_path / "tiny", tmp_path / "plain"
     write_skeleton(root, "tiny")
+    write_skeleton(plain, "tiny", quantized=False, **QSA_OFF)
     full = skeleton_config("full")
     proc = subprocess.run(
-        [py, "-c", _VLLM_CHILD, str(root), json.dumps(full)],
+        [py, "-c", _VLLM_CHILD, str(root), str(plain), json.dumps(full)],
         capture_output=True,
         text=True,
         timeout=540,
@@ -473,8 +511,16 @@ def test_vllm_accepts_the_tiny_checkpoint(tmp_path):
     text = full["text_config"]
     rows, cols = ple_table_shape(text)
     divisor = text["make_ngram_vocab_size_divisible_by"]
-    assert rows == -(-got["ple"]["full"]["total"] // divisor) * divisor == 320_001_536
-    assert got["ple"]["full"]["multipliers"] == ple_layer_multipliers(text, 0)
+    assert rows == -(-got["ple"]["total"] // divisor) * divisor == 320_001_536
+    assert tuple(got["ple"]["sizes"]) == ple_head_vocab_sizes(text)
+    assert got["ple"]["multipliers"] == ple_layer_multipliers(text, 0)
+    # vLLM's own loader took every checkpoint name and left no parameter unloaded;
+    # the PLE shards landed at the rows their names say (row r holds r % 256).
+    assert got["load"]["unloaded"] == []
+    assert got["load"]["table_shape"] == list(ple_table_shape(tiny_text_config()))
+    assert {int(r): v for r, v in got["load"]["table_rows"].items()} == {
+        r: float(r % 256) for r in map(int, got["load"]["table_rows"])
+    }
     print(f"\nvLLM {got['version']} at {py}: {got['engine']}")
 
 

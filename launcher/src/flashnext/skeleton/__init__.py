@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flashnext.skeleton.configs import (
+    QSA_OFF,
     full_config,
     full_text_config,
     generation_config,
@@ -24,6 +25,7 @@ from flashnext.skeleton.inventory import Entry, Inventory, build_inventory
 from flashnext.skeleton.writer import SkeletonError, write_checkpoint_dir
 
 __all__ = [
+    "QSA_OFF",
     "Entry",
     "Inventory",
     "SkeletonError",
@@ -57,9 +59,9 @@ class SkeletonSummary:
 
 
 def skeleton_config(
-    variant: Variant, *, fixed_metadata: bool = False, **text_overrides: Any
+    variant: Variant, *, fixed_metadata: bool = False, quantized: bool = True, **text_overrides: Any
 ) -> dict[str, Any]:
-    """config.json of a variant, quantization_config included."""
+    """config.json of a variant, with its quantization_config unless `quantized=False`."""
     if variant == "full":
         if text_overrides:
             raise SkeletonError("text_config overrides are for the tiny variant only")
@@ -68,10 +70,11 @@ def skeleton_config(
         config = tiny_config(**text_overrides)
     else:
         raise SkeletonError(f"unknown skeleton variant {variant!r}; use 'full' or 'tiny'")
-    inventory = build_inventory(config)
-    config["quantization_config"] = quantization_config(
-        inventory.ignore, fixed_metadata=fixed_metadata
-    )
+    if quantized:
+        inventory = build_inventory(config)
+        config["quantization_config"] = quantization_config(
+            inventory.ignore, fixed_metadata=fixed_metadata
+        )
     return config
 
 
@@ -80,6 +83,7 @@ def write_skeleton(
     variant: Variant = "full",
     *,
     fixed_metadata: bool = False,
+    quantized: bool = True,
     max_shard_bytes: int | None = None,
     **text_overrides: Any,
 ) -> SkeletonSummary:
@@ -87,11 +91,15 @@ def write_skeleton(
 
     `fixed_metadata=False` reproduces both export defects of the shipped
     checkpoint (config_groups all targeting "Linear", generation_config without
-    sampling keys); True writes them fixed. `text_overrides` (tiny only) replace
-    keys of `tiny_text_config()`.
+    sampling keys); True writes them fixed. `quantized=False` writes BF16
+    weights and no quantization_config. `text_overrides` (tiny only) replace
+    keys of `tiny_text_config()`; a key set to None is removed (e.g.
+    `indexer_n_heads=None` turns QSA off, as on CPU where it cannot run).
     """
-    config = skeleton_config(variant, fixed_metadata=fixed_metadata, **text_overrides)
-    inventory = build_inventory(config)
+    config = skeleton_config(
+        variant, fixed_metadata=fixed_metadata, quantized=quantized, **text_overrides
+    )
+    inventory = build_inventory(config, quantized=quantized)
     plans = write_checkpoint_dir(
         Path(out_dir),
         config=config,

@@ -147,12 +147,30 @@ def full_text_config() -> dict[str, Any]:
     return _with_layer_types(copy.deepcopy(_FULL_TEXT))
 
 
+# Overrides that turn QSA off (plain gated attention on the full-attention
+# layers): vLLM's QSA needs FlashAttention, so a model built on CPU must drop it.
+QSA_OFF: dict[str, None] = dict.fromkeys(
+    (
+        "indexer_n_heads",
+        "indexer_kv_heads",
+        "indexer_head_dim",
+        "indexer_budget",
+        "indexer_compress_ratio",
+    )
+)
+
+
 def tiny_text_config(**overrides: Any) -> dict[str, Any]:
-    """A tiny text_config vLLM 0.33.0 accepts; `overrides` replace keys (layer_types is
-    recomputed from num_hidden_layers / full_attention_interval unless given)."""
+    """A tiny text_config vLLM 0.33.0 accepts.
+
+    `overrides` replace keys; a key given as None is removed (`**QSA_OFF`).
+    layer_types is recomputed from num_hidden_layers / full_attention_interval
+    unless given.
+    """
     text = copy.deepcopy(_FULL_TEXT)
     text.update(copy.deepcopy(_TINY_TEXT_OVERRIDES))
     text.update(copy.deepcopy(overrides))
+    text = {k: v for k, v in text.items() if v is not None}
     return _with_layer_types(text)
 
 

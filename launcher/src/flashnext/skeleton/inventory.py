@@ -63,9 +63,10 @@ class Inventory:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, quantize: bool) -> None:
         self.entries: list[Entry] = []
         self.ignore: list[str] = []
+        self.quantize = quantize
 
     def tensor(self, name: str, dtype: str, shape: tuple[int, ...], group: str) -> None:
         self.entries.append(Entry(name, dtype, tuple(shape), group))
@@ -75,9 +76,9 @@ class _Builder:
 
     def linear(self, module: str, out: int, inp: int, scheme: str | None, group: str) -> None:
         """A Linear [out, inp]: quantized with `scheme`, or BF16 `weight` (and listed in ignore)."""
-        if scheme is None:
+        if scheme is None or not self.quantize:
             self.tensor(f"{module}.weight", "BF16", (out, inp), group)
-            if group == "body":
+            if scheme is None and group == "body":
                 self.ignore.append(module)
             return
         bits, gsize = SCHEMES[scheme]
@@ -126,7 +127,6 @@ def _qsa_attention(b: _Builder, p: str, t: dict[str, Any], dense: str | None, gr
         int(t["num_key_value_heads"]),
         int(t["head_dim"]),
     )
-    idx_rows = (int(t["indexer_n_heads"]) + int(t["indexer_kv_heads"])) * int(t["indexer_head_dim"])
     # q_proj carries the sigmoid output gate next to Q: 2 x heads x head_dim rows.
     b.linear(f"{p}.q_proj", 2 * heads * head_dim, hidden, dense, group)
     b.linear(f"{p}.k_proj", kv_heads * head_dim, hidden, dense, group)
@@ -134,6 +134,9 @@ def _qsa_attention(b: _Builder, p: str, t: dict[str, Any], dense: str | None, gr
     b.linear(f"{p}.o_proj", hidden, heads * head_dim, dense, group)
     b.norm(f"{p}.q_norm", head_dim, group)
     b.norm(f"{p}.k_norm", head_dim, group)
+    if t.get("indexer_n_heads") is None:
+        return  # plain gated attention: vLLM builds Qwen3NextAttention, no indexer
+    idx_rows = (int(t["indexer_n_heads"]) + int(t["indexer_kv_heads"])) * int(t["indexer_head_dim"])
     b.linear(f"{p}.indexer.index_qk_proj", idx_rows, hidden, dense, group)
     b.norm(f"{p}.indexer.q_layernorm", int(t["indexer_head_dim"]), group)
     b.norm(f"{p}.indexer.k_layernorm", int(t["indexer_head_dim"]), group)
@@ -244,10 +247,13 @@ def _mtp(b: _Builder, t: dict[str, Any]) -> None:
     _hyper_connection(b, "mtp.hyper_connection_mixer", t, "mtp", inject=False)
 
 
-def build_inventory(config: dict[str, Any]) -> Inventory:
-    """Every tensor of the checkpoint described by config.json, in checkpoint order."""
+def build_inventory(config: dict[str, Any], *, quantized: bool = True) -> Inventory:
+    """Every tensor of the checkpoint described by config.json, in checkpoint order.
+
+    `quantized=False` gives the same names with plain BF16 `weight`s (a model
+    exported without quantization)."""
     t = config["text_config"]
-    b = _Builder()
+    b = _Builder(quantized)
     lm = TEXT_PREFIX.rstrip(".")
     _vocab(b, f"{lm}.embed_tokens", t)
     ple_ids = ple_layer_ids(t)
