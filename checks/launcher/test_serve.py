@@ -268,3 +268,63 @@ def test_describe_exit():
     assert serve.describe_exit(0) == "exited with code 0"
     assert serve.describe_exit(-15) == "was killed by SIGTERM (15)"
     assert serve.describe_exit(-signal.SIGSEGV) == "was killed by SIGSEGV (11)"
+
+
+# ---------------------------------------------------------------- sd_notify
+
+
+@pytest.fixture
+def notify_socket(tmp_path, monkeypatch):
+    import socket
+
+    path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+
+    def messages() -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                return out
+
+    yield messages
+    sock.close()
+
+
+def test_ready_is_notified_only_after_the_smoke_completion(notify_socket):
+    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.3", "STANDIN_LOAD_S": "1.2"})
+    msgs = notify_socket()
+    assert msgs[0] == "STATUS=starting vLLM"
+    assert "STATUS=waiting for /health (1s)" in msgs or "STATUS=waiting for /health (0s)" in msgs
+    (ready_msg,) = [m for m in msgs if m.startswith("READY=1")]
+    assert ready_msg == (
+        f"READY=1\nSTATUS=serving {MODEL_NAME} at {ready[0].base_url}, context 131072 tokens"
+    )
+    assert msgs.index(ready_msg) < len(msgs) - 1
+    assert msgs[-1] == "STATUS=failed: the server exited with code 1"
+    assert rc == 1
+
+
+def test_the_child_does_not_inherit_the_notify_socket(notify_socket):
+    # vLLM must not tell systemd it is ready before the smoke request passed
+    env = standin_env(NOTIFY_SOCKET="/should/not/leak")
+    log = io.StringIO()
+    rc = serve.supervise(
+        ["sh", "-c", 'echo "NOTIFY_SOCKET=${NOTIFY_SOCKET-unset}"; exit 3'],
+        env, model_name=MODEL_NAME, api_key=None, startup_timeout_s=5,
+        log_stream=log, **urls(free_port()), **FAST,
+    )  # fmt: skip
+    assert rc == 1
+    assert "NOTIFY_SOCKET=unset\n" in log.getvalue()
+    assert "flashnext: error: the server exited with code 3\n" in log.getvalue()
+
+
+def test_sd_notify_without_a_socket_is_a_no_op(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert serve.sd_notify("READY=1") is False
+    monkeypatch.setenv("NOTIFY_SOCKET", "/nonexistent/socket")
+    assert serve.sd_notify("READY=1") is False

@@ -10,6 +10,8 @@ What it does, in order (TGI's launcher is the model):
    `health_failures_max` times in a row, or a vLLM engine process (titled
    `VLLM::...` by vLLM's setproctitle) vanishing while HTTP still answers all
    end the run with a non-zero exit and the child's output tail.
+Under systemd (or a Quadlet unit with Notify=true) it reports READY=1 only after
+the smoke completion, plus STATUS lines while waiting and STOPPING=1 on a signal.
 
 This is the only module that execs (STYLE.md); it never imports vLLM.
 """
@@ -21,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -208,6 +211,29 @@ def engine_processes(root_pid: int) -> dict[int, str]:
     return found
 
 
+# ---------------------------------------------------------------- systemd
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd (or podman's Quadlet with Notify=true) our state; no-op without a socket.
+
+    The sd_notify(3) protocol: one datagram of newline-separated KEY=VALUE to the
+    AF_UNIX socket named by NOTIFY_SOCKET ("@name" is an abstract socket).
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(addr)
+            sock.sendall(state.encode())
+    except OSError:
+        return False  # a vanished manager must not take the server down
+    return True
+
+
 # ---------------------------------------------------------------- HTTP
 
 
@@ -344,13 +370,16 @@ def supervise(
         say(f"error: {exc}")
         return EXIT_FAILED
 
+    # The notify socket is ours: vLLM must not report readiness before we checked it.
+    child_env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
     with _Signals() as signals:
         started = time.monotonic()
         say(f"starting: {' '.join(argv)}")
+        sd_notify("STATUS=starting vLLM")
         proc = subprocess.Popen(
             argv,
             executable=executable,
-            env=env,
+            env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -370,6 +399,10 @@ def supervise(
                 f"ready: {ready.base_url} serving {ready.model_name!r}, context "
                 f"{ready.max_model_len if ready.max_model_len is not None else 'unknown'} "
                 f"tokens, started in {ready.startup_s:.1f}s"
+            )
+            sd_notify(
+                f"READY=1\nSTATUS=serving {ready.model_name} at {ready.base_url}, context "
+                f"{ready.max_model_len} tokens"
             )
             if on_ready is not None:
                 on_ready(ready)
@@ -409,6 +442,7 @@ class _Watch:
         self.output.drain()
         tail = self.output.tail_text()
         self.say(f"error: {why}")
+        sd_notify(f"STATUS=failed: {why}")
         if tail:
             self.say(f"last lines of the server's output:\n{tail}")
         self.result = EXIT_FAILED
@@ -420,6 +454,7 @@ class _Watch:
             sig = self.signals.received
             name = signal.Signals(sig).name
             self.say(f"received {name}, stopping the server")
+            sd_notify(f"STOPPING=1\nSTATUS=stopping on {name}")
             clean = stop_child(self.proc, sig, self.stop_timeout_s, self.say)
             self.output.drain()
             self.result = EXIT_OK if clean else EXIT_FAILED
@@ -461,6 +496,7 @@ class _Watch:
                 return None
             if now >= next_progress:
                 self.say(f"waiting for /health ({now - started:.0f}s)")
+                sd_notify(f"STATUS=waiting for /health ({now - started:.0f}s)")
                 next_progress += progress_interval_s
             time.sleep(poll_interval_s)
 
