@@ -48,5 +48,7 @@ in
     ../patches
     ../checks/patches
     ../checks/fixtures
+    # test_qsa_block_size compares the patch with the launcher's sizing.
+    ../launcher
   ];
 }

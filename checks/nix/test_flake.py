@@ -193,6 +193,10 @@ def test_sandbox_checks_run_the_suites(summary):
     script = checks["patches"]["script"]
     assert "--vllm-tree=stock" in script and "--vllm-tree=patched" in script
     assert f"{summary['vllmEnv']['src']}" not in script  # runs the env, not its source
+    # A deselected test that was renamed would silently run (and fail) in the sandbox.
+    for name, check in checks.items():
+        for path, func in re.findall(r"--deselect (\S+)::(\w+)", check["script"]):
+            assert f"def {func}(" in (REPO / path).read_text(), f"{name}: {path}::{func} is gone"
 
 
 def test_dev_shell_and_formatter(summary):
