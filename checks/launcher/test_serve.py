@@ -218,7 +218,7 @@ def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 20.0) -> 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_is_forwarded_and_the_group_stops(sig):
+def test_signal_is_forwarded_and_the_group_stops(sig, notify_socket):
     proc = start_driver({})
     seen = read_until(proc, "watching engine processes")
     engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", seen).group(1))
@@ -228,6 +228,7 @@ def test_signal_is_forwarded_and_the_group_stops(sig):
     assert f"flashnext: received {sig.name}, stopping the server\n" in rest
     assert f"received signal {int(sig)}, shutting down" in rest  # the child got the same signal
     assert not pid_alive(engine_pid)
+    assert f"STOPPING=1\nSTATUS=stopping on {sig.name}" in notify_socket()
 
 
 def test_sigterm_escalates_to_sigkill_after_the_timeout():
