@@ -63,6 +63,7 @@ def main() -> None:
             num_kv_heads=2,
             head_dim=HEAD_DIM,
             chunk_tokens=8,
+            selection_width=24,
             dtype=dtype,
             device="cpu",
         )
@@ -110,6 +111,7 @@ def main() -> None:
                 num_kv_heads=2,
                 head_dim=HEAD_DIM,
                 chunk_tokens=chunk,
+                selection_width=24,
                 dtype=dtype,
                 device="cpu",
             )

@@ -175,7 +175,12 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
             return func(*args, **(kwargs or {}))
 
     log = []
-    for name in ("_attend_kernel", "_copy_chunk_kernel", "_finalize_kernel"):
+    for name in (
+        "_attend_kernel",
+        "_copy_chunk_kernel",
+        "_finalize_kernel",
+        "_sanitize_selection_kernel",
+    ):
         monkeypatch.setattr(offload, name, _Launch(name, log))
     case = make_case(seed=2, seq_lens=contexts, query_lens=[3] * len(contexts), width=16)
     ws = offload.OffloadWorkspace.allocate(
@@ -185,6 +190,7 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
         head_dim=32,
         chunk_tokens=chunk,
         dtype=torch.bfloat16,
+        selection_width=16,
         device="cpu",
     )
     out = torch.empty_like(case.q)
@@ -204,7 +210,8 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
     assert rec.created == []
     copies = [entry for entry in log if entry[0] == "_copy_chunk_kernel"]
     assert len(copies) == sum(-(-n // chunk) for n in contexts)
-    # One state init per request, then one accumulate pass per chunk.
+    # Per request: one selection sort, one state init, one pass per chunk.
+    assert sum(1 for e in log if e[0] == "_sanitize_selection_kernel") == len(contexts)
     attends = [entry for entry in log if entry[0] == "_attend_kernel"]
     assert [e[3] for e in attends].count(True) == len(contexts)
     assert len(attends) == len(contexts) + len(copies)
