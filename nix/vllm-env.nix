@@ -6,14 +6,13 @@
 # Output layout = pins/build-env's ENV: venv/ (patched) and stock/ (the
 # pristine vllm tree, for the patch proofs).
 {
-  lib,
   stdenv,
   python,
   pins,
   wheelhouse,
   src,
   autoPatchelfHook,
-  addDriverRunpath,
+  autoAddDriverRunpath,
   gnupatch,
   zlib,
 }:
@@ -26,7 +25,9 @@ stdenv.mkDerivation {
     python
     gnupatch
     autoPatchelfHook
-    addDriverRunpath
+    # Adds /run/opengl-driver/lib to every ELF's runpath after autoPatchelf:
+    # dlopen()ed driver libraries (libcuda) are found on NixOS.
+    autoAddDriverRunpath
   ];
   # What the manylinux wheels link against besides each other.
   buildInputs = [
@@ -63,14 +64,6 @@ stdenv.mkDerivation {
 
   # Stripping the CUDA libraries saves little and has broken them before.
   dontStrip = true;
-  # dlopen()ed libraries (libcuda from the driver) are found through the
-  # NixOS driver path; on other distros the wrappers add it to LD_LIBRARY_PATH.
-  postFixup = ''
-    find "$out/venv" -type f -name '*.so*' -print0 | while IFS= read -r -d "" lib; do
-      addDriverRunpath "$lib"
-    done
-  '';
-
   # ENV/venv/bin/python runs the patched vLLM; "lib/python3.12/site-packages".
   passthru.pythonSitePackages = python.sitePackages;
 

@@ -38,11 +38,11 @@ in
       buildPhase
       installCheckPhase
       doInstallCheck
-      postFixup
       autoPatchelfIgnoreMissingDeps
       dontStrip
       ;
     src = "${p.vllm-env.src}";
+    hooks = map (d: d.name) p.vllm-env.nativeBuildInputs;
     wheelhouse = "${p.wheelhouse}";
   };
 

@@ -166,7 +166,7 @@ let
 
     cacert = tool "nss-cacert";
     autoPatchelfHook = tool "auto-patchelf-hook";
-    addDriverRunpath = tool "add-driver-runpath";
+    autoAddDriverRunpath = tool "auto-add-driver-runpath-hook";
     gnupatch = tool "patch";
     zlib = tool "zlib";
     makeWrapper = tool "make-wrapper";
