@@ -49,7 +49,7 @@ let
   # `nix run .#preflight -- --model DIR ...` and friends: thin wrappers so the
   # app names match the subcommands.
   subcommandApp =
-    name:
+    name: description:
     let
       script = pkgs.writeShellScript "flashnext-${name}" ''
         exec ${flashnext}/bin/flashnext ${name} "$@"
@@ -58,7 +58,10 @@ let
     {
       type = "app";
       program = "${script}";
+      meta = { inherit description; };
     };
+
+  serveApp = subcommandApp "serve" "Preflight, then serve Qwen3.8-Flash-Next with the patched vLLM";
 in
 {
   packages = {
@@ -73,10 +76,10 @@ in
 
   apps = {
     # `flashnext serve` runs the preflight checks itself and refuses on a failure.
-    serve = subcommandApp "serve";
-    preflight = subcommandApp "preflight";
-    plan = subcommandApp "plan";
-    default = subcommandApp "serve";
+    serve = serveApp;
+    preflight = subcommandApp "preflight" "Check the host, the model and the table against the plan";
+    plan = subcommandApp "plan" "Print the PP partition, VRAM, KV and host-pool plan";
+    default = serveApp;
   };
 
   inherit checks;
