@@ -86,6 +86,18 @@ def test_reads_what_the_safetensors_library_writes(tmp_path):
     assert 8 + header_len + 48 + 16 == size
 
 
+def test_names_that_look_like_json_literals_are_fine(tmp_path):
+    path = tmp_path / "model.safetensors"
+    tensors = {
+        f"{word}.{i}.weight": np.zeros((2, 3), dtype=np.float16)
+        for i in range(3)
+        for word in ("true", "null", "1.5e3")
+    }
+    save_file(tensors, str(path))
+    _, _, infos = read_safetensors_header(path)
+    assert {(t.name, t.shape, t.dtype) for t in infos} == {(n, (2, 3), "F16") for n in tensors}
+
+
 def test_single_file_model_without_index(tmp_path):
     root = tmp_path / "m"
     root.mkdir()
@@ -186,6 +198,31 @@ BAD_SHARDS = {
     "negative_dim": (
         lambda p: write_raw(p, {"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 0]}}, b""),
         "invalid shape",
+    ),
+    # Floats and bools are rejected even when an identical valid (dtype, shape)
+    # was seen first (the reader's fast path caches validated shapes).
+    "float_dim_after_a_valid_twin": (
+        lambda p: write_raw(
+            p,
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2.0], "data_offsets": [8, 16]},
+            },
+            bytes(16),
+        ),
+        "invalid shape [2.0]",
+    ),
+    "bool_dim": (
+        lambda p: write_raw(
+            p, {"t": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}}, bytes(8)
+        ),
+        "invalid shape [True, 2]",
+    ),
+    "float_offset": (
+        lambda p: write_raw(
+            p, {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}, bytes(8)
+        ),
+        "invalid data_offsets [0, 8.0]",
     ),
     "missing_offsets": (
         lambda p: write_raw(p, {"t": {"dtype": "F32", "shape": [2]}}, bytes(8)),
