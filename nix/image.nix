@@ -1,5 +1,5 @@
 # The OCI image: the launcher, the patched vLLM env, a CA bundle and a health
-# probe; nothing else (no shell, no package manager). `stream = true` gives a
+# probe; nothing else on PATH, no package manager. `stream = true` gives a
 # script that writes the image tar to stdout (`nix build .#image &&
 # ./result | podman load`), so the 9 GB tar never lands in the store.
 #
