@@ -5,9 +5,10 @@
 
 Writes (once, reused) a synthetic checkpoint under DIR: 128 PLE shards of
 random BF16 rows in 8 safetensors files, names and headers as in the real
-export. Arm 1 copies those 8 files' bytes sequentially into one file
-(read/write with 64 MiB buffers, then fsync: what `cat files > out; sync` does).
-Arm 2 runs prepare_table (with force: this disk may be one prepare refuses).
+export. Baselines: "plain_copy" copies those 8 files' bytes sequentially into
+one file (read/write, 64 MiB buffers, then fsync: `cat files > out; sync`);
+"cp" runs coreutils cp on them (copy_file_range) and fsyncs the copies. Then
+prepare_table (with force: this disk may be one prepare refuses).
 The page cache of the source files is dropped before each arm, both outputs are
 fsynced and deleted. Prints the ratio prepare/copy from one run (goal >= 0.8).
 """
@@ -17,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,6 +98,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from flashnext.table.prepare import paths_for, prepare_table
+    from flashnext.table.verify import verify_table
 
     rows_per_shard = int(args.size_gib * (1 << 30)) // SHARDS // ROW_BYTES
     model = args.dir / "prepare-model"
@@ -109,21 +113,42 @@ def main() -> int:
         out.unlink()
         return n, seconds
 
+    def cp_arm() -> tuple[int, float]:
+        out = args.dir / "cp-copy"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        drop_cache(files)
+        t0 = time.perf_counter()
+        subprocess.run(["cp", *map(str, files), str(out)], check=True)
+        for path in out.iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        seconds = time.perf_counter() - t0
+        n = sum(p.stat().st_size for p in out.iterdir())
+        shutil.rmtree(out)
+        return n, seconds
+
     def prepare_arm() -> tuple[int, float]:
         table = args.dir / "ple-prepared.bin"
         for p in (table, *paths_for(table)):
             p.unlink(missing_ok=True)
         drop_cache(files)
         result = prepare_table(model, table, force=True)
+        # A fast copy of the wrong bytes would be no result: sample rows.
+        check = verify_table(model, table, samples=4096)
+        if not check.ok:
+            raise SystemExit(f"prepared table differs from the shards: {check.mismatch}")
         for p in (table, *paths_for(table)):
             p.unlink(missing_ok=True)
         return result.copied_bytes, result.seconds
 
     # Interleaved, twice each: the disk (and a VM host's cache below it) warms
     # up over a run; the faster of each arm's two tries is compared.
-    runs = {"plain_copy": [], "prepare": []}
+    runs = {"plain_copy": [], "cp": [], "prepare": []}
     for _ in range(2):
         runs["plain_copy"].append(copy_arm())
+        runs["cp"].append(cp_arm())
         runs["prepare"].append(prepare_arm())
     best = {k: max(n / s for n, s in v) for k, v in runs.items()}
     doc = {
@@ -131,7 +156,9 @@ def main() -> int:
               "best_bytes_per_second": best[arm]}
         for arm, v in runs.items()
     }  # fmt: skip
-    doc["prepare_over_copy"] = best["prepare"] / best["plain_copy"]
+    # Against the faster of the two copies: the bar the tool has to clear.
+    baseline = max(best["plain_copy"], best["cp"])
+    doc["prepare_over_copy"] = best["prepare"] / baseline
     doc["goal"] = 0.8
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
@@ -141,7 +168,10 @@ def main() -> int:
         for arm, tries in runs.items():
             rates = ", ".join(f"{n / s / mib:.0f}" for n, s in tries)
             print(f"{arm:>10}: {tries[0][0] / mib:.0f} MiB, MiB/s per try: {rates}")
-        print(f"prepare / plain copy = {doc['prepare_over_copy']:.2f} (best of 2 each)")
+        print(
+            f"prepare / fastest plain copy = {doc['prepare_over_copy']:.2f} "
+            "(best of 2 tries each, interleaved)"
+        )
     return 0
 
 
