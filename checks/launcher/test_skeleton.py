@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from flashnext.cli import main
 from flashnext.facts.model import INDEX_FILE, read_model_facts
 from flashnext.facts.model_derived import (
+    VLLM_SAMPLING_KEYS,
     ple_head_vocab_sizes,
     ple_table_shape,
     sampling_keys_present,
@@ -402,6 +403,7 @@ _VLLM_CHILD = textwrap.dedent(
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tiny, plain, full_config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    sampling_dir = sys.argv[4]
     import torch
     import vllm
     from safetensors import safe_open
@@ -423,6 +425,8 @@ _VLLM_CHILD = textwrap.dedent(
                      "text_model_type": mc.hf_text_config.model_type,
                      "num_layers": mc.hf_text_config.num_hidden_layers,
                      "ple_layer_ids": list(mc.hf_text_config.ple_layer_ids)}
+    # The generation_config keys vLLM turns into default sampling parameters.
+    out["sampling"] = sorted(engine(sampling_dir).model_config.get_diff_sampling_param())
     # What vLLM makes of the shipped quantization_config: one "Linear" target.
     ct = CompressedTensorsConfig.from_config(full_config["quantization_config"])
     out["targets"] = {k: [v["weights"].num_bits, v["weights"].group_size]
@@ -489,8 +493,13 @@ def test_vllm_accepts_the_tiny_checkpoint_and_its_tensor_names(tmp_path):
     write_skeleton(root, "tiny")
     write_skeleton(plain, "tiny", quantized=False, **QSA_OFF)
     full = skeleton_config("full")
+    # A generation_config with every key we call a sampling key, plus two vLLM must ignore.
+    sampling = tmp_path / "sampling"
+    write_skeleton(sampling, "tiny")
+    probe_keys = {k: 1 for k in VLLM_SAMPLING_KEYS} | {"do_sample": True, "num_beams": 2}
+    (sampling / "generation_config.json").write_text(json.dumps(probe_keys))
     proc = subprocess.run(
-        [py, "-c", _VLLM_CHILD, str(root), str(plain), json.dumps(full)],
+        [py, "-c", _VLLM_CHILD, str(root), str(plain), json.dumps(full), str(sampling)],
         capture_output=True,
         text=True,
         timeout=540,
@@ -508,6 +517,9 @@ def test_vllm_accepts_the_tiny_checkpoint_and_its_tensor_names(tmp_path):
         "ple_layer_ids": [2],
     }
     assert got["targets"] == {"Linear": [8, 128]}  # SPEC defect 1, as vLLM sees it
+    # vLLM renames max_new_tokens to max_tokens; nothing else is added or dropped.
+    expected = sorted("max_tokens" if k == "max_new_tokens" else k for k in VLLM_SAMPLING_KEYS)
+    assert got["sampling"] == expected
     text = full["text_config"]
     rows, cols = ple_table_shape(text)
     divisor = text["make_ngram_vocab_size_divisible_by"]
