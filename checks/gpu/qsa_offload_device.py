@@ -228,7 +228,7 @@ def correctness_section() -> dict:
                 g["gate"],
                 o,
                 wsc,
-                case.requests,
+                **case.prefill_kwargs(),
                 byte_counter=counter,
             )
             runs[f"streamed-prefill-chunk{chunk}"] = o
@@ -422,7 +422,19 @@ def prefill_section(quick: bool) -> dict:
 
         def prefill(ws=ws):
             m.qsa_offload_prefill(
-                q, kv, idx, table, req, seq_lens, gate, o, ws, [(0, 0, rows, context)]
+                q,
+                kv,
+                idx,
+                table,
+                req,
+                seq_lens,
+                gate,
+                o,
+                ws,
+                row_begin=0,
+                row_end=rows,
+                requests=[0],
+                max_context=context,
             )
 
         t_pass = timed(prefill, iters, warmup=1)
@@ -455,7 +467,21 @@ def prefill_section(quick: bool) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated(DEV)
         torch.cuda.reset_peak_memory_stats(DEV)
-        m.qsa_offload_prefill(q, kv, sel, table, req, lens, gate, o, ws, [(0, 0, rows, ctx)])
+        m.qsa_offload_prefill(
+            q,
+            kv,
+            sel,
+            table,
+            req,
+            lens,
+            gate,
+            o,
+            ws,
+            row_begin=0,
+            row_end=rows,
+            requests=[0],
+            max_context=ctx,
+        )
         torch.cuda.synchronize()
         out[f"peak/chunks{n_chunks}/extra_bytes_during_pass"] = (
             torch.cuda.max_memory_allocated(DEV) - base

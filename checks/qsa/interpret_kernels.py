@@ -127,7 +127,7 @@ def main() -> None:
                 case.gate,
                 out,
                 ws_c,
-                case.requests,
+                **case.prefill_kwargs(),
                 byte_counter=counter,
                 block_n=16,
             )

@@ -56,6 +56,15 @@ class Case:
     seq_lens: torch.Tensor  # [requests] int32
     requests: list[tuple[int, int, int, int]]  # (request, row_begin, row_end, context)
 
+    def prefill_kwargs(self) -> dict:
+        """qsa_offload_prefill's host ints for all rows of the case."""
+        return {
+            "row_begin": self.requests[0][1],
+            "row_end": self.requests[-1][2],
+            "requests": [r for r, *_ in self.requests],
+            "max_context": max(c for *_, c in self.requests),
+        }
+
 
 def make_case(
     *,

@@ -112,7 +112,8 @@ def test_module_imports_only_torch_and_triton(offload):
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             roots.add(node.module.split(".")[0])
-    assert roots <= {"__future__", "mmap", "dataclasses", "types", "torch", "triton"}, roots
+    allowed = {"__future__", "collections", "mmap", "dataclasses", "types", "torch", "triton"}
+    assert roots <= allowed, roots
 
 
 def test_interpreted_triton_kernels_match_reference():
@@ -205,14 +206,16 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
             case.gate,
             out,
             ws,
-            case.requests,
+            **case.prefill_kwargs(),
         )
     assert rec.created == []
     copies = [entry for entry in log if entry[0] == "_copy_chunk_kernel"]
-    assert len(copies) == sum(-(-n // chunk) for n in contexts)
-    # Per request: one selection sort, one state init, one pass per chunk.
-    assert sum(1 for e in log if e[0] == "_sanitize_selection_kernel") == len(contexts)
+    # Every request walks the batch's longest context (a host int); the copy
+    # kernel stops at each request's own length on the device.
+    assert len(copies) == len(contexts) * -(-max(contexts) // chunk)
+    # One selection sort and one state init for all rows, one pass per chunk.
+    assert sum(1 for e in log if e[0] == "_sanitize_selection_kernel") == 1
     attends = [entry for entry in log if entry[0] == "_attend_kernel"]
-    assert [e[3] for e in attends].count(True) == len(contexts)
-    assert len(attends) == len(contexts) + len(copies)
-    assert sum(1 for e in log if e[0] == "_finalize_kernel") == len(contexts)
+    assert [e[3] for e in attends].count(True) == 1
+    assert len(attends) == 1 + len(copies)
+    assert sum(1 for e in log if e[0] == "_finalize_kernel") == 1
