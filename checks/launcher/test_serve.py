@@ -121,6 +121,16 @@ def test_child_dying_during_startup_is_reported():
     assert "ValueError: could not convert string to float: 'abc'" in log
 
 
+def test_server_death_during_a_slow_smoke_request_is_seen_at_once():
+    t0 = time.monotonic()
+    rc, log, ready = run_supervise(
+        {"STANDIN_TTFT_S": "60", "STANDIN_EXIT_AFTER_S": "0.5", "STANDIN_EXIT_CODE": "4"}
+    )
+    assert rc == 1 and not ready
+    assert "flashnext: error: the server exited with code 4\n" in log
+    assert time.monotonic() - t0 < 15  # not after the 60 s first token
+
+
 def test_smoke_failure_is_fatal():
     rc, log, ready = run_supervise({"STANDIN_COMPLETION_FAIL": "1"})
     assert rc == 1 and not ready

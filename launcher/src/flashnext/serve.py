@@ -500,10 +500,30 @@ class _Watch:
                 next_progress += progress_interval_s
             time.sleep(poll_interval_s)
 
-        max_model_len, err = read_model_card(models_url, model_name, api_key, request_timeout_s)
-        if err is None:
+        def probe() -> tuple[int | None, str | None, str | None]:
+            max_len, err = read_model_card(models_url, model_name, api_key, request_timeout_s)
+            if err is not None:
+                return None, None, err
             text, err = smoke_completion(completion_url, model_name, api_key, smoke_timeout_s)
+            return max_len, text, err
+
+        # The first completion can take minutes (or crash the engine): keep watching the
+        # child and our signals while it runs.
+        box: list[tuple[int | None, str | None, str | None]] = []
+        worker = threading.Thread(target=lambda: box.append(probe()), daemon=True)
+        worker.start()
+        while worker.is_alive():
+            if self.check_child_and_signals() is not None:
+                return None
+            worker.join(poll_interval_s)
+        max_model_len, text, err = box[0]
         if err is not None:
+            # A dying server drops the connection a moment before it exits: when that is
+            # what happened, its exit (code, signal, output) is the report to give.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2.0)
+            if self.check_child_and_signals() is not None:
+                return None
             self.fail(f"smoke test failed: {err}")
             return None
         if self.check_child_and_signals() is not None:
