@@ -215,8 +215,33 @@ def test_truncated_streams_are_rejected(server):
 
 
 def test_http_errors_are_rejected(server):
-    url, _ = server()
-    cfg = bench.BenchConfig(url=url, model="wrong", concurrency=(1,), decode_tokens=4,
+    url, _ = server(STANDIN_COMPLETION_FAIL="1")
+    cfg = bench.BenchConfig(url=url, model=MODEL_NAME, concurrency=(1,), decode_tokens=4,
                             prompt_lengths=(), warmup=0, runs=1)  # fmt: skip
     (r,) = bench.run_bench(cfg)
-    assert r.rejection().startswith("HTTP 404: ")
+    assert r.rejection() == (
+        'HTTP 500: {"error": {"message": "stand-in told to fail completions", '
+        '"type": "InternalServerError", "code": 500}}'
+    )
+
+
+def test_wrong_model_or_no_server_fails_fast_with_the_fix(server):
+    url, log = server()
+    with pytest.raises(bench.BenchError) as exc:
+        bench.run_bench(bench.BenchConfig(url=url, model="wrong"))
+    assert str(exc.value) == (
+        f"{url}/v1/models: model 'wrong' not served (served: {MODEL_NAME}); start the server "
+        "(`flashnext serve`) or fix --url/--served-model-name"
+    )
+    assert not log.exists()  # not one completion was sent
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(bench.BenchError, match=r"/v1/models: no answer; start the server"):
+        bench.run_bench(bench.BenchConfig(url=dead, model=MODEL_NAME))
+
+
+def test_prompts_longer_than_the_context_are_refused(server):
+    url, _ = server()  # the stand-in serves --max-model-len 262144
+    cfg = bench.BenchConfig(url=url, model=MODEL_NAME, prompt_lengths=(262144,))
+    with pytest.raises(bench.BenchError, match="a request of 262145 tokens does not fit the "
+                       "server's max_model_len 262144"):  # fmt: skip
+        bench.run_bench(cfg)

@@ -324,11 +324,33 @@ def _run_batch(
     return recs
 
 
+def check_server(cfg: BenchConfig) -> int | None:
+    """Fail fast, with the fix, when nothing serves the model; returns its max_model_len."""
+    from flashnext.serve import read_model_card
+
+    scheme, host, port, path = _split_url(cfg.url)
+    models_url = f"{scheme}://{host}:{port}{path.rpartition('/completions')[0]}/models"
+    max_len, err = read_model_card(models_url, cfg.model, cfg.api_key, timeout_s=30.0)
+    if err is not None:
+        raise BenchError(
+            f"{err}; start the server (`flashnext serve`) or fix --url/--served-model-name"
+        )
+    longest = max(
+        [cfg.decode_prompt_tokens + cfg.decode_tokens, *(n + 1 for n in cfg.prompt_lengths)]
+    )
+    if max_len is not None and longest > max_len:
+        raise BenchError(
+            f"a request of {longest} tokens does not fit the server's max_model_len {max_len}; "
+            "lower --prompt-lengths / --decode-tokens"
+        )
+    return max_len
+
+
 def run_bench(
     cfg: BenchConfig, progress: Callable[[str], None] | None = None
 ) -> list[StreamRecord]:
     """All phases, warmup first; returns every record (warmups included, flagged)."""
-    _split_url(cfg.url)  # fail on a bad URL before sending anything
+    check_server(cfg)
     rng = random.Random(cfg.seed)
     t0 = time.perf_counter()
 
