@@ -289,3 +289,28 @@ def test_failed_write_leaves_the_original(model_dir, monkeypatch):
         checkpoint.apply_fix(plan)
     assert (model_dir / "config.json").read_text() == original
     assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_targets_pin_numbers_only_where_schemes_differ():
+    P = "model.language_model.layers"
+    mods = [
+        checkpoint.StoredModule(f"{P}.{layer}.mlp.experts.{e}.{proj}",
+                                Scheme(8, 128) if layer == 2 else Scheme(4, 128))
+        for layer in range(4) for e in range(3) for proj in ("gate_proj", "up_proj")
+    ] + [checkpoint.StoredModule(f"{P}.{layer}.mlp.gate", None) for layer in range(4)]  # fmt: skip
+    got = checkpoint.explicit_targets(mods)
+    alt = r"(?:model\.language_model|language_model\.model)"
+    assert got == {
+        Scheme(4, 128): [
+            rf"re:^{alt}\.layers\.(?:0|1|3)\.mlp\.experts\.\d+\.(?:gate_proj|up_proj)$"
+        ],
+        Scheme(8, 128): [rf"re:^{alt}\.layers\.2\.mlp\.experts\.\d+\.(?:gate_proj|up_proj)$"],
+    }
+    groups = {"int4": {"targets": got[Scheme(4, 128)]}, "int8": {"targets": got[Scheme(8, 128)]}}
+    smap = checkpoint.SchemeMap.from_config({"config_groups": groups})
+    for m in mods:
+        want = {Scheme(4, 128): "int4", Scheme(8, 128): "int8", None: None}[m.scheme]
+        assert smap.resolve(m.name, runtime=False, by_class=False) == want
+        assert smap.resolve(checkpoint.vllm_name(m.name), runtime=True, by_class=False) == want
+    # layer 12 would be read as layer 1x by a careless pattern; ours says exactly 0, 1, 3
+    assert smap.resolve(f"{P}.12.mlp.experts.0.up_proj", runtime=False) is None

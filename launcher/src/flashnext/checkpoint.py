@@ -565,19 +565,16 @@ def _render(alt: str, template: tuple[Part, ...]) -> str:
     return f"re:^{alt or body}$"
 
 
-def explicit_targets(
-    modules: Sequence[StoredModule], skip: Iterable[str]
-) -> dict[Scheme, list[str]]:
+def explicit_targets(modules: Sequence[StoredModule]) -> dict[Scheme, list[str]]:
     """Scheme -> anchored `re:` targets matching exactly the modules that store it.
 
-    `skip` are modules left to `ignore` (they may match nothing else by construction,
-    since their templates are built with them included as unquantized).
+    `modules` are all modules vLLM will look up (ignored ones left out): quantized and
+    plain alike, so a pattern can never cover a plain weight of the same name shape.
+    Numbers (layer, expert) are generalized to `\\d+` unless that would mix schemes;
+    then they are pinned, position by position.
     """
-    skipped = set(skip)
     entries = []
     for m in modules:
-        if m.name in skipped:
-            continue
         alt, rest = _prefix_alternatives(m.name)
         entries.append((alt, tuple(rest.split(".")) if rest else (), m.scheme))
     by_scheme: dict[Scheme, list[tuple[str, tuple[Part, ...]]]] = defaultdict(list)
@@ -641,7 +638,7 @@ def fixed_quantization_config(model: ModelFacts) -> tuple[dict[str, Any], list[s
             notes.append(f"added the PLE table {table} to ignore")
     probe = SchemeMap({}, ignore, {})
     kept = [m for m in modules if not probe.ignored(m.name, False)]
-    targets = explicit_targets(kept, skip=())
+    targets = explicit_targets(kept)
     for scheme in targets:
         owners = [g for g, s in schemes.items() if s == scheme]
         if len(owners) != 1:
