@@ -312,6 +312,24 @@ def test_loader_reads_no_ple_shard_bytes(
     assert table_param in loaded
 
 
+def test_read_counting_sees_the_shards_without_mmap(ple: PleTable, dist, monkeypatch) -> None:
+    """The instrument of the proof above works: with the table in memory, shards are read."""
+    import torch
+    from vllm.config import LoadConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import default_loader, weight_utils
+    from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
+
+    config = _config(ple, cpu_offload=False)
+    with set_current_vllm_config(config), torch.device("cpu"):
+        model = Qwen4ExpForConditionalGeneration(vllm_config=config, prefix="")
+    reads: list[str] = []
+    monkeypatch.setattr(weight_utils, "safe_open", _CountingSafeOpen(weight_utils.safe_open, reads))
+    loader = default_loader.DefaultModelLoader(LoadConfig(load_format="safetensors"))
+    names = [name for name, _ in loader.get_all_weights(config.model_config, model)]
+    shard_names = {SHARD_NAME.format(i) for i in range(len(ple.shards))}
+    assert shard_names <= set(reads) and shard_names <= set(names)
+
+
 @pytest.mark.proves(PATCH)
 def test_rss_does_not_grow_by_the_table_size(tmp_path: Path, dist) -> None:
     """A 512 MiB table (sparse file) is mapped, gathered from and dummy-loaded: RSS stays put."""
