@@ -39,8 +39,12 @@ from typing import IO, Any
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-ENGINE_TITLE_PREFIX = "VLLM::"
-"""vLLM names its engine and worker processes `VLLM::EngineCore_DP0`, `VLLM::Worker_PP1`..."""
+
+def engine_title_prefix(env: Mapping[str, str]) -> str:
+    """vLLM titles its engine and workers `VLLM::EngineCore_DP0`, `VLLM::Worker_PP1`, ...
+    (setproctitle; the prefix is vLLM's VLLM_PROCESS_NAME_PREFIX, default "VLLM")."""
+    return env.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
+
 
 SMOKE_PROMPT = "The capital of Japan is"
 
@@ -197,7 +201,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def engine_processes(root_pid: int) -> dict[int, str]:
+def engine_processes(root_pid: int, prefix: str = "VLLM::") -> dict[int, str]:
     """Descendants of `root_pid` that vLLM titled `VLLM::...` (engine core, workers)."""
     children = _children_map()
     found: dict[int, str] = {}
@@ -205,7 +209,7 @@ def engine_processes(root_pid: int) -> dict[int, str]:
     while todo:
         pid = todo.pop()
         title = _cmdline(pid)
-        if title.startswith(ENGINE_TITLE_PREFIX):
+        if title.startswith(prefix):
             found[pid] = title
         todo.extend(children.get(pid, ()))
     return found
@@ -386,7 +390,7 @@ def supervise(
             start_new_session=True,  # own process group: signals reach engine and workers
         )
         output = ChildOutput(proc, out)
-        watch = _Watch(proc, output, say, signals, stop_timeout_s)
+        watch = _Watch(proc, output, say, signals, stop_timeout_s, engine_title_prefix(env))
         try:
             ready = watch.until_ready(
                 health_url, models_url, completion_url, model_name, api_key,
@@ -426,12 +430,14 @@ class _Watch:
         say: Callable[[str], None],
         signals: _Signals,
         stop_timeout_s: float,
+        title_prefix: str,
     ) -> None:
         self.proc = proc
         self.output = output
         self.say = say
         self.signals = signals
         self.stop_timeout_s = stop_timeout_s
+        self.title_prefix = title_prefix
         self.result = EXIT_FAILED
 
     def fail(self, why: str) -> int:
@@ -540,19 +546,19 @@ class _Watch:
         health_failures_max: int,
         request_timeout_s: float,
     ) -> int:
-        engines = engine_processes(self.proc.pid)
+        engines = engine_processes(self.proc.pid, self.title_prefix)
         if engines:
             names = ", ".join(f"{t} ({p})" for p, t in sorted(engines.items()))
             self.say(f"watching engine processes: {names}")
         else:
-            self.say("no VLLM:: engine processes found; watching /health only")
+            self.say(f"no {self.title_prefix} engine processes found; watching /health only")
         failures = 0
         next_health = time.monotonic() + health_interval_s
         while True:
             done = self.check_child_and_signals()
             if done is not None:
                 return done
-            alive = engine_processes(self.proc.pid)
+            alive = engine_processes(self.proc.pid, self.title_prefix)
             lost = {p: t for p, t in engines.items() if p not in alive}
             if lost and self.proc.poll() is not None:
                 continue  # the server itself exited (its children were reparented): say that
