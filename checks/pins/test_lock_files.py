@@ -11,7 +11,8 @@ from pinkit.target import PYTHONS
 VLLM_VERSION = "0.33.0"
 TORCH_VERSION = "2.14.0"
 ENTRY_RE = re.compile(
-    r"^(?P<name>[a-z0-9][a-z0-9-]*)==(?P<version>\S+)(?P<hashes>( --hash=sha256:[0-9a-f]{64})+)$"
+    r"^(?P<name>[a-z0-9][a-z0-9-]*)(\[[a-z0-9,-]+\])?==(?P<version>\S+)"
+    r"(?P<hashes>( --hash=sha256:[0-9a-f]{64})+)$"
 )
 
 
@@ -66,6 +67,16 @@ def test_rendering_the_parsed_lock_gives_the_same_bytes(lock):
     _, path = lock
     text = path.read_text()
     assert lockfile.render(lockfile.parse(text), lockfile.header_lines(text)) == text
+
+
+def test_extras_other_pins_ask_for_are_written_on_the_pin(lock):
+    """Without `[cu13]` on the pin, `pip install --require-hashes` against the index
+    stops at vllm's `nvidia-cutlass-dsl[cu13]` as soon as a newer release exists."""
+    _, path = lock
+    pins = {p.name: p for p in lockfile.parse(path.read_text())}
+    assert pins["nvidia-cutlass-dsl"].extras == ("cu13",)
+    assert pins["uvicorn"].extras == ("standard",)
+    assert "nvidia-cutlass-dsl[cu13]==" in path.read_text()
 
 
 def test_header_names_the_regenerating_command(lock):

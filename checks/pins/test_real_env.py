@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pinkit import buildenv, meta
+from pinkit import buildenv, lockfile, meta
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,8 @@ def test_manifest_records_the_inputs(env_dir):
     assert manifest["key"] == env_dir.name
     assert manifest["vllm_version"] == "0.33.0"
     lock = REPO / "pins" / manifest["lock"]
-    assert manifest["inputs"]["lock_sha256"] == meta.file_sha256(lock)
+    pins = lockfile.parse(lock.read_text())
+    assert manifest["inputs"]["pins_sha256"] == lockfile.pins_digest(pins)
 
 
 def test_second_run_is_a_cache_hit(env_dir):

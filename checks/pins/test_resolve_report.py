@@ -74,6 +74,8 @@ def test_via_follows_markers_and_extras():
     by_name = {p.name: p for p in pins}
     assert unreachable == []
     assert by_name["uvloop"].via == ("uvicorn",)  # only through uvicorn[standard]
+    assert by_name["uvicorn"].extras == ("standard",)
+    assert by_name["torch"].extras == ()
     assert by_name["triton"].via == ("torch",)
     assert by_name["vllm"].via == ()
     assert by_name["torch"].sha256 == ("2" * 64,)
@@ -125,6 +127,12 @@ def test_compare_finds_version_hash_and_via_drift():
     assert "torch: locked 2.13.0, resolved 2.14.0" in diffs
     assert any(d.startswith("h11: resolved file sha256 666") for d in diffs)
     assert "stray: pinned but not resolved" in diffs
+    no_extra = [
+        p if p.name != "uvicorn" else p.__class__(p.name, p.version, p.sha256, p.via) for p in pins
+    ]
+    assert checks.compare(no_extra, report) == [
+        "uvicorn: extras [] in the lock, ['standard'] needed"
+    ]
 
 
 def test_target_platforms_cover_the_floor_and_legacy_aliases():

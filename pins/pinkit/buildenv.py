@@ -297,9 +297,10 @@ def build(
 ) -> Path:
     """Return the env dir for this lock + patch series, building it if needed."""
     minor, identity = interpreter_identity(python)
-    pins_meta, lock_path, lock_bytes, pins = load_lock(layout, minor)
+    pins_meta, lock_path, _, pins = load_lock(layout, minor)
     check_apply_script(layout)
-    key, inputs = envkey.env_key(lock_bytes, envkey.patch_inputs(layout.patches_dir), identity)
+    digest = lockfile.pins_digest(pins)
+    key, inputs = envkey.env_key(digest, envkey.patch_inputs(layout.patches_dir), identity)
     env_root = layout.env_root
     with key_lock(env_root, key):
         hit = published(env_root, key)
@@ -309,11 +310,11 @@ def build(
         remove_stale(env_root, key)
         check_free_space(env_root, min_free_bytes)
         started = time.monotonic()
-        lock_sha = inputs["lock_sha256"]
         wheels = ensure_wheelhouse(
-            layout, python, Target(minor, _glibc(pins_meta)), lock_path, lock_sha, pins, seed_dirs
+            layout, python, Target(minor, _glibc(pins_meta)), lock_path, digest, pins, seed_dirs
         )
         build_dir = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=env_root))
+        build_dir.chmod(0o755)  # mkdtemp makes it private; the env is for every user
         try:
             _build_into(layout, python, build_dir, lock_path, wheels, pins_meta.vllm_version)
             manifest = {

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import interpreters, lockfile, meta, resolve, wheelhouse
+from . import interpreters, lockfile, meta, resolve, toolpip, wheelhouse
 from .target import PYTHONS, Target
 
 
@@ -100,20 +100,29 @@ def compare(lock_pins: list, report: resolve.Report) -> list[str]:
             diffs.append(f"{name}: locked {a.version}, resolved {b.version}")
         elif not set(b.sha256) <= set(a.sha256):
             diffs.append(f"{name}: resolved file sha256 {b.sha256[0]} is not locked")
+        elif a.extras != b.extras:
+            diffs.append(f"{name}: extras {list(a.extras)} in the lock, {list(b.extras)} needed")
         elif a.via != b.via:
             diffs.append(f"{name}: via {list(a.via)} in the lock, {list(b.via)} resolved")
     return diffs
 
 
-def check_resolves(loaded: list[LoadedLock], glibc: tuple[int, int], overrides) -> list[Finding]:
+def check_resolves(
+    loaded: list[LoadedLock], glibc: tuple[int, int], overrides, pins_dir: Path, cache: Path
+) -> list[Finding]:
     def one(lock: LoadedLock) -> Finding:
         check_id = f"resolves-{lock.python}"
         try:
-            python = interpreters.find(lock.python, overrides.get(lock.python))
+            base = interpreters.find(lock.python, overrides.get(lock.python))
+            python = toolpip.resolver_python(base, pins_dir, cache)
             report = resolve.run_resolver(
                 python, Target(lock.python, glibc), ["-r", str(lock.path)]
             )
-        except (interpreters.InterpreterError, resolve.ResolveError) as exc:
+        except (
+            interpreters.InterpreterError,
+            resolve.ResolveError,
+            toolpip.ToolPipError,
+        ) as exc:
             return Finding(check_id, "fail", str(exc))
         diffs = compare(lock.pins, report)
         if diffs:
@@ -139,7 +148,7 @@ def check_wheelhouses(loaded: list[LoadedLock], cache: Path) -> list[Finding]:
     findings = []
     for lock in loaded:
         check_id = f"wheelhouse-{lock.python}"
-        lock_sha = meta.file_sha256(lock.path)
+        lock_sha = lockfile.pins_digest(lock.pins)
         path = wheelhouse.path_for(cache, lock_sha)
         if not wheelhouse.is_complete(path, lock_sha):
             findings.append(

@@ -1,7 +1,8 @@
 """The cache key of a built env: everything that changes what ends up in it.
 
 An env is the lock installed into a venv of one interpreter, then patched by
-patches/apply with the series. So the key covers the lock's bytes, every file
+patches/apply with the series. So the key covers the lock's pins (requirements
+and hashes; comments do not count), every file
 under patches/ that can affect patching (the series, each patch, apply and its
 helpers; prose *.md files excluded), the interpreter, and BUILDER_VERSION for
 changes to the build steps themselves.
@@ -32,11 +33,14 @@ def patch_inputs(patches_dir: Path) -> dict[str, str]:
     return inputs
 
 
-def env_key(lock_bytes: bytes, patches: dict[str, str], interpreter: str) -> tuple[str, dict]:
-    """(key, the inputs it was computed from) for one env."""
+def env_key(pins_digest: str, patches: dict[str, str], interpreter: str) -> tuple[str, dict]:
+    """(key, the inputs it was computed from) for one env.
+
+    `pins_digest` is lockfile.pins_digest() of the lock: what pip installs.
+    """
     inputs = {
         "builder_version": BUILDER_VERSION,
-        "lock_sha256": hashlib.sha256(lock_bytes).hexdigest(),
+        "pins_sha256": pins_digest,
         "patches": patches,
         "interpreter": interpreter,
     }

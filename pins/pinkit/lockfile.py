@@ -6,11 +6,14 @@ Parsing is strict on purpose: anything pip would accept but we did not write
 because the lock is the one source of truth for CI, Nix and the image.
 """
 
+import hashlib
 import re
 from dataclasses import dataclass
 
 _NAME = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
-_PIN_RE = re.compile(rf"^(?P<name>{_NAME})==(?P<version>[A-Za-z0-9.+!_-]+)$")
+_PIN_RE = re.compile(
+    rf"^(?P<name>{_NAME})(?:\[(?P<extras>{_NAME}(?:,{_NAME})*)\])?==(?P<version>[A-Za-z0-9.+!_-]+)$"
+)
 _HASH_RE = re.compile(r"^--hash=sha256:(?P<hex>[0-9a-f]{64})$")
 _URLISH_RE = re.compile(r"://|^-[-a-z]|@|file:", re.IGNORECASE)
 
@@ -31,6 +34,16 @@ class Pin:
     """Hex sha256 of every file pip may install for this pin (sorted)."""
     via: tuple[str, ...] = ()
     """Normalized names of the locked packages that require this one (sorted)."""
+    extras: tuple[str, ...] = ()
+    """Extras some locked package asks for (sorted, normalized). They are written
+    on the pin (`uvicorn[standard]==...`) because pip's --require-hashes mode
+    refuses a dependency like `uvicorn[standard]>=0.15` as unpinned when the
+    index has a newer release than the lock, unless the lock names the extra."""
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.name}{extras}=={self.version}"
 
 
 def canonical_name(name: str) -> str:
@@ -44,7 +57,7 @@ def render(pins: list[Pin], header: list[str]) -> str:
     out.append("")
     for pin in sorted(pins, key=lambda p: p.name):
         hashes = [f"    --hash=sha256:{h}" for h in pin.sha256]
-        out.append(" \\\n".join([f"{pin.name}=={pin.version}", *hashes]))
+        out.append(" \\\n".join([pin.requirement, *hashes]))
         if len(pin.via) == 1:
             out.append(f"    # via {pin.via[0]}")
         elif pin.via:
@@ -83,8 +96,21 @@ def parse(text: str, source: str = "<lock>") -> list[Pin]:
         if name in seen:
             raise LockError(f"{source}:{lineno}: {name} is pinned twice (first at {seen[name]})")
         seen[name] = lineno
-        pins.append(Pin(name, match["version"], tuple(sorted(hashes)), tuple(via)))
+        extras = tuple(match["extras"].split(",")) if match["extras"] else ()
+        if list(extras) != sorted(set(extras)):
+            raise LockError(f"{source}:{lineno}: {name}: extras must be sorted and unique")
+        pins.append(Pin(name, match["version"], tuple(sorted(hashes)), tuple(via), extras))
     return pins
+
+
+def pins_digest(pins: list[Pin]) -> str:
+    """sha256 over what pip installs from a lock (requirements and hashes).
+
+    Comments, `# via` and the header do not count, so regenerating a lock
+    with a newer pip or a reworded header does not rebuild a 9 GB env.
+    """
+    lines = sorted(f"{p.requirement} {' '.join(p.sha256)}" for p in pins)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def header_lines(text: str) -> list[str]:

@@ -4,7 +4,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import interpreters, meta, resolve
+from . import interpreters, meta, resolve, toolpip
 from .lockfile import Pin, render
 from .target import Target
 
@@ -102,6 +102,8 @@ def describe_changes(old: list[Pin], new: list[Pin]) -> list[str]:
             lines.append(f"  ~ {name} {a.version} -> {b.version}")
         elif a.sha256 != b.sha256:
             lines.append(f"  ~ {name}=={a.version}: hash changed")
+        elif a.extras != b.extras:
+            lines.append(f"  ~ {name}: extras {list(a.extras)} -> {list(b.extras)}")
     return lines
 
 
@@ -109,8 +111,10 @@ def log(message: str) -> None:
     print(f"pins: {message}", file=sys.stderr)
 
 
-def interpreter_for(version: str, overrides: dict[str, str]) -> str:
-    return interpreters.find(version, overrides.get(version))
+def interpreter_for(version: str, overrides: dict[str, str], pins_dir: Path, cache: Path) -> str:
+    """A CPython `version` whose pip is the pinned resolver pip."""
+    base = interpreters.find(version, overrides.get(version))
+    return toolpip.resolver_python(base, pins_dir, cache)
 
 
 def lock_path(pins_dir: Path, target: Target) -> Path:

@@ -105,12 +105,15 @@ def parse_report(report: dict) -> Report:
     return Report(report.get("pip_version", "?"), report.get("environment", {}), dists)
 
 
-def dependency_parents(report: Report, roots: list[str]) -> dict[str, set[str]]:
+def dependency_parents(
+    report: Report, roots: list[str]
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Walk Requires-Dist from `roots` the way pip does (markers, extras).
 
     Returns every reached name with the set of names that require it (roots
-    map to an empty set). A requirement pip would need but the report lacks
-    means the closure is incomplete and raises ResolveError.
+    map to an empty set), and every reached name with the extras asked of it.
+    A requirement pip would need but the report lacks means the closure is
+    incomplete and raises ResolveError.
     """
     extras: dict[str, set[str]] = {}
     parents: dict[str, set[str]] = {}
@@ -137,7 +140,7 @@ def dependency_parents(report: Report, roots: list[str]) -> dict[str, set[str]]:
             extras.setdefault(child, set()).update(new_extras)
             if first_visit or new_extras:
                 queue.append(child)
-    return parents
+    return parents, extras
 
 
 def _marker_holds(req, active_extras: set[str], environment: dict) -> bool:
@@ -150,9 +153,15 @@ def _marker_holds(req, active_extras: set[str], environment: dict) -> bool:
 
 def to_pins(report: Report, roots: list[str]) -> tuple[list[Pin], list[str]]:
     """Pins for everything reachable from `roots`, and names the roots never reach."""
-    parents = dependency_parents(report, roots)
+    parents, extras = dependency_parents(report, roots)
     pins = [
-        Pin(d.name, d.version, (d.sha256,), tuple(sorted(parents[d.name])))
+        Pin(
+            d.name,
+            d.version,
+            (d.sha256,),
+            tuple(sorted(parents[d.name])),
+            tuple(sorted(canonical_name(e) for e in extras[d.name])),
+        )
         for d in report.dists.values()
         if d.name in parents
     ]

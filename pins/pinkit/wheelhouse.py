@@ -1,6 +1,6 @@
 """A directory of exactly the locked wheels, so installs need no index.
 
-One wheelhouse per lock (named by the lock's sha256) under
+One wheelhouse per lock (named by lockfile.pins_digest of it) under
 $FLASHNEXT_CACHE/wheelhouse/. It is filled first from seed directories (older
 wheelhouses, or any dir of wheels: only files whose sha256 the lock names are
 taken, hard-linked when possible), then by `pip download --require-hashes`
