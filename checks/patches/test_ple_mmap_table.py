@@ -193,6 +193,30 @@ def test_forward_matches_the_stock_cpu_path(ple: PleTable, dist) -> None:
 
 
 @pytest.mark.proves(PATCH)
+def test_model_state_gathers_for_the_models_ple_layer(ple: PleTable, dist) -> None:
+    """The runner's Qwen4ExpModelState finds the mapped table in the real model and
+    prepares its rows (here: the dummy batch of profile/capture runs) before forward."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
+    from vllm.models.qwen4_exp.nvidia.model_state import Qwen4ExpModelState
+
+    config = _config(ple, mmap_path=str(ple.table_path))
+    with set_current_vllm_config(config), torch.device("cpu"):
+        model = Qwen4ExpForConditionalGeneration(vllm_config=config, prefix="")
+        state = Qwen4ExpModelState(config, model, None, torch.device("cpu"))
+    ple_layer = model.language_model.model.layers[1].ple.ple_embedding
+    assert state.ple_host_tables == [ple_layer]
+
+    num_tokens = 6
+    inputs = state.prepare_dummy_inputs(2, num_tokens)
+    hidden = torch.zeros(num_tokens, 8, dtype=torch.bfloat16)
+    input_ids = torch.zeros(num_tokens, dtype=torch.int32)
+    rows = ple_layer(hidden, input_ids, inputs["query_start_loc"], inputs["ngram_context"])
+    assert rows.shape == (num_tokens, ple.heads * ple.dim)
+
+
+@pytest.mark.proves(PATCH)
 def test_forward_without_prepared_rows_is_refused(ple: PleTable, dist) -> None:
     import torch
 
