@@ -180,3 +180,27 @@ def test_prepare_and_verify_the_tiny_skeleton(tmp_path: Path) -> None:
 def _rows(path: Path, row_bytes: int) -> list[bytes]:
     data = path.read_bytes()
     return [data[i : i + row_bytes] for i in range(0, len(data), row_bytes)]
+
+
+def test_second_writer_is_refused_while_the_first_holds_the_lock(
+    checkpoint: Checkpoint, tmp_path: Path
+) -> None:
+    import fcntl
+
+    out = tmp_path / "ple.bin"
+    partial = tmp_path / "ple.bin.partial"
+    with partial.open("wb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what a running prepare holds
+        result = _prepare(checkpoint, out, *_force_if_needed(tmp_path))
+    assert result.exit_code == 1
+    assert f"Error: another `flashnext table prepare` is writing {partial}" in result.output
+    assert not out.exists()
+
+
+def test_temp_files_of_a_killed_run_are_cleaned(checkpoint: Checkpoint, tmp_path: Path) -> None:
+    stale = [tmp_path / ".ple.bin.partial.json.4242.tmp", tmp_path / ".ple.bin.json.4242.tmp"]
+    for path in stale:
+        path.write_text("{")
+    result = _prepare(checkpoint, tmp_path / "ple.bin", *_force_if_needed(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert not any(p.exists() for p in stale)

@@ -11,6 +11,7 @@ ranges are dropped from the page cache (95 GiB would otherwise evict everything 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -110,6 +111,24 @@ def check_storage(out: Path, layout: TableLayout, force: bool) -> str | None:
 
 def _same_bytes(reader: ShardReader, fd: int, offset: int, length: int) -> bool:
     return os.pread(fd, length, offset) == reader.read(offset, length)
+
+
+def _lock(fd: int, partial: Path) -> None:
+    """One writer per output: a second prepare would interleave its bytes."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TableError(
+            f"another `flashnext table prepare` is writing {partial}",
+            fix="wait for it to finish (or stop it; a rerun resumes its work)",
+        ) from None
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temp files of journal/manifest writes a killed run left (we hold the lock now)."""
+    for pattern in (f".{out.name}.partial.json.*.tmp", f".{out.name}.json.*.tmp"):
+        for stale in out.parent.glob(pattern):
+            stale.unlink(missing_ok=True)
 
 
 def committed_prefix(
@@ -232,9 +251,11 @@ def prepare_table(
         )
 
     warning = check_storage(out, layout, force)
-    resume = committed_prefix(layout, partial, journal, identity, chunk_bytes)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
+        _lock(fd, partial)
+        _remove_stale_temps(out)
+        resume = committed_prefix(layout, partial, journal, identity, chunk_bytes)
         os.ftruncate(fd, resume)  # drop whatever was written after the last sync
         if resume == 0:
             write_json_atomic(journal, {"identity": identity, "committed_bytes": 0})
@@ -242,12 +263,12 @@ def prepare_table(
             on_progress(resume, layout.total_bytes)
         _stream(layout, fd, resume, journal, identity, chunk_bytes, sync_bytes, on_progress)
         os.fsync(fd)
+        write_json_atomic(manifest_path, manifest)
+        os.replace(partial, out)
+        fsync_dir(out.parent)
+        journal.unlink(missing_ok=True)
     finally:
         os.close(fd)
-    write_json_atomic(manifest_path, manifest)
-    os.replace(partial, out)
-    fsync_dir(out.parent)
-    journal.unlink(missing_ok=True)
     return PrepareResult(
         str(out),
         str(manifest_path),
