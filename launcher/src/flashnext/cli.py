@@ -354,7 +354,7 @@ def table_prepare(
             ("table", result.table),
             ("manifest", result.manifest),
             ("status", result.status),
-            ("size", gib(result.total_bytes)),
+            ("size", f"{result.total_bytes} bytes ({gib(result.total_bytes)})"),
             ("resumed from", gib(result.resumed_from_bytes)),
             ("copied", gib(result.copied_bytes)),
             ("seconds", f"{result.seconds:.1f}"),
