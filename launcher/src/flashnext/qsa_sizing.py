@@ -158,7 +158,8 @@ class QsaOffloadSizing:
     stock_block_size_tokens: int
     mamba_page_bytes: int
     stock_padded_page_bytes: int
-    group_page_bytes: int  # VRAM per block of one rank's QSA group
+    group_page_bytes: int  # VRAM per block of one rank's QSA group (slot pages + pooled keys)
+    pool_block_bytes: int  # one block of vLLM's shared pool: the largest page (mamba)
     stock_waste_ratio: float  # padded page / what offloaded layers use at the stock size
     num_blocks: int
     tokens: int
@@ -177,7 +178,9 @@ def size_offload(
     """Blocks, tokens and exact host bytes for a per-rank KV budget.
 
     ``kv_cache_memory_bytes`` is what `--kv-cache-memory-bytes` gives each
-    rank; the pool holds whole blocks of the QSA group's VRAM page.
+    rank. vLLM's planner (block-outermost layout, as QSA selects) cuts it into
+    blocks of the largest page: the mamba state, which the QSA group's page
+    fits inside by construction of the block size.
     """
     shape = shape or QsaShape()
     if kv_cache_memory_bytes <= 0:
@@ -186,10 +189,11 @@ def size_offload(
     busiest = max(per_rank)
     block = offload_block_size(shape, busiest)
     group_page = busiest * offload_vram_bytes_per_token(shape) * block
-    num_blocks = kv_cache_memory_bytes // group_page
+    pool_block = max(mamba_page_bytes(shape), group_page)
+    num_blocks = kv_cache_memory_bytes // pool_block
     if num_blocks < 1:
         raise ValueError(
-            f"{kv_cache_memory_bytes} bytes hold no {group_page}-byte block; raise "
+            f"{kv_cache_memory_bytes} bytes hold no {pool_block}-byte block; raise "
             "--kv-cache-memory-bytes"
         )
     stock_block = stock_block_size(shape)
@@ -202,6 +206,7 @@ def size_offload(
         mamba_page_bytes=mamba_page_bytes(shape),
         stock_padded_page_bytes=stock_page,
         group_page_bytes=group_page,
+        pool_block_bytes=pool_block,
         stock_waste_ratio=stock_page / used_at_stock,
         num_blocks=num_blocks,
         tokens=num_blocks * block,

@@ -1,0 +1,168 @@
+"""Patch 0022: the QSA layer keeps slot pages in VRAM and binds a host arena.
+
+Real path on CPU: a tiny qwen4_exp with a real QSA layer (indexer on, layer
+3) is built on `meta` with VLLM_QSA_KV_OFFLOAD=1 (the FlashAttention
+availability probe is answered yes: no kernel runs here), its real specs go
+through 0020's block alignment and vLLM's own planner (BLNHC, as QSA
+selects), `allocate_kv_cache(device="cpu")` allocates the pool and
+`bind_kv_cache_to_layers` binds it. The arena class is replaced by a CPU
+stand-in with the same interface (cudaHostRegister needs a GPU; the real one
+is proven in checks/gpu). The planner's block count and block size must
+equal flashnext.qsa_sizing's for the same shapes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "launcher" / "src"))
+
+from flashnext import qsa_sizing  # noqa: E402
+
+PATCH = "0022-qsa-offload-layer.patch"
+KV_MEMORY_BYTES = 2 << 20
+QSA = "language_model.model.layers.3.self_attn.attn"
+COMPRESSED = "language_model.model.layers.3.self_attn.indexer.compressed_key_cache"
+INDEXER = {
+    "indexer_n_heads": 4,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 32,
+    "indexer_budget": 64,
+    "indexer_compress_ratio": 4,
+    "partial_rotary_factor": 0.25,
+}
+# The same model in the planner's arithmetic (tiny_qwen4_exp.TEXT_CONFIG + INDEXER).
+TINY = qsa_sizing.QsaShape(
+    num_hidden_layers=7,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    indexer_head_dim=32,
+)
+
+
+class CpuArena:
+    """HostArena's interface over plain CPU memory (no cudaHostRegister here)."""
+
+    created: list[CpuArena] = []
+
+    def __init__(self, shape, dtype, device):
+        self.host = torch_zeros(shape, dtype)
+        self.device_view = self.host
+        self.nbytes = self.host.numel() * self.host.element_size()
+        self.released = False
+        CpuArena.created.append(self)
+
+    def release(self):
+        self.released = True
+        self.device_view = self.host = None
+
+
+def torch_zeros(shape, dtype):
+    import torch
+
+    return torch.zeros(shape, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory: pytest.TempPathFactory):
+    """(config, specs, kv cache config, bound caches, the QSA layer)."""
+    import torch
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_QSA_KV_OFFLOAD", "1")
+    import vllm.models.qwen4_exp.nvidia.model  # noqa: F401  (qsa imports model)
+    import vllm.models.qwen4_exp.nvidia.qsa as qsa
+    from vllm.platforms.interface import Platform
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+    from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache_to_layers
+
+    mp.setattr(qsa, "is_flash_attn_varlen_func_available", lambda: True)
+    try:
+        from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+        mp.setattr(qsa_offload, "HostArena", CpuArena)
+    except ImportError:
+        pass  # stock tree: no offload module; the proofs fail on the spec
+    model_dir = write_tiny_qwen4_exp(
+        tmp_path_factory.mktemp("tiny-qwen4-exp-qsa"), text_overrides=INDEXER
+    )
+    config = engine_args(model_dir, engram_config={"cpu_offload": False}).create_engine_config()
+    config.cache_config.block_size = 16  # CUDA's default before hybrid alignment
+    config.cache_config.mamba_page_size_padded = None
+    Platform._align_hybrid_block_size(config, qsa.Qwen4ExpQSAFlashAttentionBackend)
+    build_model(config)
+    specs = get_kv_cache_spec(config)
+    config.cache_config.kv_cache_layout = "BLNHC"
+    groups = get_global_kv_cache_groups(config, [specs])
+    (kv_config,) = get_kv_cache_configs(config, [specs], [KV_MEMORY_BYTES], groups)
+    layout = config.cache_config.get_resolved_kv_cache_layout()
+    caches = allocate_kv_cache(kv_config, torch.device("cpu"), layout)
+    context = config.compilation_config.static_forward_context
+    bind_kv_cache_to_layers(caches, context, 1, kv_cache_groups=kv_config.kv_cache_groups)
+    yield config, specs, kv_config, caches, context[QSA]
+    mp.undo()
+
+
+@pytest.mark.proves(PATCH)
+def test_main_spec_reserves_only_slot_pages(offloaded):
+    config, specs, _, _, _ = offloaded
+    block = config.cache_config.block_size
+    assert block == qsa_sizing.offload_block_size(TINY, 1) == 992
+    assert specs[QSA].page_size_bytes == qsa_sizing.SLOT_BYTES_PER_TOKEN * block
+    assert specs[QSA].head_size == 32  # the metadata builder still sees real heads
+    per_token = qsa_sizing.offload_vram_bytes_per_token(TINY)
+    group_page = specs[QSA].page_size_bytes + specs[COMPRESSED].page_size_bytes
+    assert group_page == per_token * block <= qsa_sizing.mamba_page_bytes(TINY)
+
+
+@pytest.mark.proves(PATCH)
+def test_planner_block_count_matches_the_launcher(offloaded):
+    _, _, kv_config, _, _ = offloaded
+    sizing = qsa_sizing.size_offload(KV_MEMORY_BYTES, pp_size=1, shape=TINY)
+    assert kv_config.num_blocks == sizing.num_blocks
+    assert sizing.pool_block_bytes == qsa_sizing.mamba_page_bytes(TINY)
+
+
+@pytest.mark.proves(PATCH)
+def test_layer_binds_a_host_arena_shaped_like_the_vram_cache(offloaded):
+    _, _, kv_config, caches, layer = offloaded
+    block, heads, dim = 992, 2, 32
+    assert layer.kv_slot_page is caches[QSA]
+    assert tuple(caches[QSA].shape) == (kv_config.num_blocks, 1, block, 1)
+    view = layer.kv_cache
+    assert tuple(view.shape) == (kv_config.num_blocks, heads, block, 2 * dim)
+    # The stock view's strides: head 2*dim, token heads*2*dim, dense blocks.
+    assert view.stride()[1:] == (2 * dim, heads * 2 * dim, 1)
+    assert view.stride(0) == block * heads * 2 * dim
+    assert view.data_ptr() == layer.host_arena.host.data_ptr()
+    sizing = qsa_sizing.size_offload(KV_MEMORY_BYTES, pp_size=1, shape=TINY)
+    assert layer.host_arena.nbytes == sizing.host_bytes_per_layer
+    key, value = view.transpose(1, 2).split(dim, dim=-1)  # what forward_qsa does
+    assert key.shape == value.shape == (kv_config.num_blocks, block, heads, dim)
+    assert layer.offload_workspace is not None
+
+
+@pytest.mark.proves(PATCH)
+def test_rebind_releases_the_old_arena_and_the_cap_refuses(offloaded, monkeypatch):
+    import vllm.models.qwen4_exp.nvidia.qsa as qsa
+
+    _, _, _, caches, layer = offloaded
+    old = layer.host_arena
+    layer.bind_kv_cache(caches[QSA])
+    assert old.released and layer.host_arena is not old
+    held = qsa._offload_host_bytes[caches[QSA].device]
+    assert held == layer.host_arena.nbytes
+    monkeypatch.setenv("VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES", str(held - 1))
+    with pytest.raises(RuntimeError, match="VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"):
+        layer.bind_kv_cache(caches[QSA])
+    assert layer.host_arena is None  # released, nothing half-bound
