@@ -466,6 +466,17 @@ _VLLM_CHILD = textwrap.dedent(
         out["load"] = {"unloaded": sorted(params - set(loaded)),
                        "table_shape": list(table.shape),
                        "table_rows": {str(r): float(table[r, 0]) for r in rows}}
+    # The MTP drafter reads the same checkpoint (mtp.* plus embed_tokens/lm_head).
+    spec = engine(plain, language_model_only=True, dtype="bfloat16",
+                  engram_config={"cpu_offload": False},
+                  speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    with set_current_vllm_config(spec):
+        from vllm.models.qwen4_exp.nvidia.mtp import Qwen4ExpMTP
+        with torch.device("cpu"):
+            mtp = Qwen4ExpMTP(vllm_config=spec, prefix="")
+        loaded = mtp.load_weights(weights())
+        params = {n for n, _ in mtp.named_parameters()}
+        out["mtp"] = {"unloaded": sorted(params - set(loaded)), "params": len(params)}
     print("RESULT " + json.dumps(out))
     """
 )
@@ -529,6 +540,7 @@ def test_vllm_accepts_the_tiny_checkpoint_and_its_tensor_names(tmp_path):
     # vLLM's own loader took every checkpoint name and left no parameter unloaded;
     # the PLE shards landed at the rows their names say (row r holds r % 256).
     assert got["load"]["unloaded"] == []
+    assert got["mtp"]["unloaded"] == [] and got["mtp"]["params"] > 0
     assert got["load"]["table_shape"] == list(ple_table_shape(tiny_text_config()))
     assert {int(r): v for r, v in got["load"]["table_rows"].items()} == {
         r: float(r % 256) for r in map(int, got["load"]["table_rows"])

@@ -22,6 +22,12 @@ A quantized Linear is compressed-tensors pack-quantized: `weight_packed` I32
 I64 [2] (`compressed_tensors/schemes/compressed_tensors_wNa16.py`); INT6 packs
 bit-continuously (pack factor 32/6), as vLLM reads it.
 
+checks/launcher/test_skeleton.py feeds every name of a BF16, QSA-off tiny
+variant to vLLM 0.33.0's own `load_weights` (main model and MTP drafter): an
+unknown name raises there and no parameter may stay unloaded. Quantized
+suffixes and the QSA indexer names come from reading the sources (vLLM has no
+CPU kernels for INT6 / WNA16 MoE, and QSA needs FlashAttention).
+
 Choices not determinable from the sources here (see the report): dt_bias BF16
 and A_log F32 (mamba_ssm_dtype float32); the MTP layer and the vision tower
 unquantized BF16; the final HC mixer without block_inject_weight (the HF module
