@@ -239,21 +239,27 @@ def prompt_ids(n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(lo, hi) for _ in range(n)]
 
 
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """One streaming /v1/completions request that generates exactly `max_tokens` tokens."""
+    return {
+        "model": model,
+        "prompt": prompt,  # token ids: exact length, no tokenizer needed here
+        "max_tokens": max_tokens,
+        "ignore_eos": True,  # vLLM extension: never stop early
+        "temperature": 0,
+        "stream": True,
+        # usage on every chunk: a chunk may carry several tokens
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
 def stream_completion(
     cfg: BenchConfig, prompt: list[int], max_tokens: int, rec: StreamRecord, clock: Callable
 ) -> None:
     """Send one streaming request and fill `rec` with what arrived, when."""
     scheme, host, port, path = _split_url(cfg.url)
     conn_cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    body = {
-        "model": cfg.model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,  # vLLM extension: generate exactly max_tokens
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
+    body = completion_body(cfg.model, prompt, max_tokens)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
