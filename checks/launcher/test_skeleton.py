@@ -355,6 +355,13 @@ def test_refuses_a_non_empty_directory(tmp_path):
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write a read-only directory")
+def test_unwritable_parent(tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o555)
+    with pytest.raises(SkeletonError, match="is not writable"):
+        write_skeleton(tmp_path / "ro" / "d", "tiny")
+
+
 def test_an_empty_directory_is_filled(tmp_path):
     (tmp_path / "d").mkdir()
     write_skeleton(tmp_path / "d", "tiny")

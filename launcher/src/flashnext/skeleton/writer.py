@@ -160,7 +160,10 @@ def write_checkpoint_dir(
         raise SkeletonError(f"{parent} does not exist; create it first (mkdir -p {parent})")
     plans = plan_shards(entries, max_shard_bytes)
     ple_starts = _ple_start_rows(entries)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=parent))
+    except PermissionError as exc:
+        raise SkeletonError(f"{parent} is not writable; choose a directory you can write") from exc
     try:
         for plan in plans:
             _write_shard(tmp / plan.file, plan, real_data, ple_starts)
