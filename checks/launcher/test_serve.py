@@ -62,8 +62,11 @@ def test_child_exit_reports_code_and_output_tail():
     assert rc == 1
     assert len(ready) == 1  # it was ready first
     assert "flashnext: error: the server exited with code 3\n" in log
-    tail = log.split("last lines of the server's output:\n", 1)[1]
+    # vLLM logs to stdout; the traceback on stderr is what the tail shows
+    tail = log.split("last lines of the server's stderr:\n", 1)[1]
+    assert tail.startswith("Traceback (most recent call last):\n")
     assert "RuntimeError: stand-in told to exit" in tail
+    assert "Starting vLLM API server" not in tail
     # the engine the dead server left behind is reaped with its process group
     engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", log).group(1))
     assert not pid_alive(engine_pid)

@@ -105,25 +105,35 @@ def resolve_executable(argv: list[str], env: Mapping[str, str]) -> str:
 
 
 class ChildOutput:
-    """Copies the child's stdout/stderr lines to `sink` and keeps the last `keep` lines."""
+    """Copies the child's stdout/stderr lines to `sink`; keeps the last lines of each.
 
-    def __init__(self, proc: subprocess.Popen[bytes], sink: IO[str], keep: int = 40) -> None:
+    vLLM logs to stdout (VLLM_LOGGING_STREAM) and tracebacks go to stderr, so the
+    stderr tail is the one worth showing when the server dies; the combined tail is
+    the fallback when stderr stayed empty.
+    """
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], sink: IO[str], keep: int = 40, keep_err: int = 80
+    ) -> None:
         self.tail: deque[str] = deque(maxlen=keep)
+        self.err_tail: deque[str] = deque(maxlen=keep_err)
         self._lock = threading.Lock()
         self._sink = sink
         self._threads = [
-            threading.Thread(target=self._pump, args=(stream,), daemon=True)
+            threading.Thread(target=self._pump, args=(stream, stream is proc.stderr), daemon=True)
             for stream in (proc.stdout, proc.stderr)
             if stream is not None
         ]
         for t in self._threads:
             t.start()
 
-    def _pump(self, stream: IO[bytes]) -> None:
+    def _pump(self, stream: IO[bytes], is_err: bool) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             with self._lock:
                 self.tail.append(line)
+                if is_err:
+                    self.err_tail.append(line)
                 self._sink.write(line + "\n")
                 self._sink.flush()
         stream.close()
@@ -134,9 +144,12 @@ class ChildOutput:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    def tail_text(self) -> str:
+    def tail_text(self) -> tuple[str, str]:
+        """(which, text): the stderr tail if stderr said anything, else the combined one."""
         with self._lock:
-            return "\n".join(self.tail)
+            if self.err_tail:
+                return "stderr", "\n".join(self.err_tail)
+            return "output", "\n".join(self.tail)
 
 
 def describe_exit(returncode: int) -> str:
@@ -446,11 +459,11 @@ class _Watch:
         if still_running:
             stop_child(self.proc, signal.SIGTERM, self.stop_timeout_s, self.say)
         self.output.drain()
-        tail = self.output.tail_text()
+        which, tail = self.output.tail_text()
         self.say(f"error: {why}")
         sd_notify(f"STATUS=failed: {why}")
         if tail:
-            self.say(f"last lines of the server's output:\n{tail}")
+            self.say(f"last lines of the server's {which}:\n{tail}")
         self.result = EXIT_FAILED
         return EXIT_FAILED
 
