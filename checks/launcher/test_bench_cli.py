@@ -57,7 +57,8 @@ def test_bench_cli_writes_raw_and_summary(standin, tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [d["concurrency"] for d in doc["summary"]["decode"]] == [1, 2]
-    assert doc["environment"]["facts"]["hostname"] == "fixture-3x3090"
+    assert doc["environment"]["facts"]["hostname"] == "<hostname>"  # redacted like a report
+    assert doc["environment"]["facts"]["gpu"]["devices"][0]["uuid"] == "<redacted>"
     assert doc["comparison"][1]["metric"] == "decode tok/s, c=1 vs roofline"
     assert len((tmp_path / "out" / "raw.jsonl").read_text().splitlines()) == 1 + 2 + 1
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["summary"] == doc["summary"]

@@ -836,7 +836,7 @@ def bench(
     from flashnext import bench as b
     from flashnext.facts.schema import to_jsonable
     from flashnext.render import emit_json, render_table
-    from flashnext.report import versions
+    from flashnext.report import redactor_for_this_host, versions
     from flashnext.serve import ServeError, load_api_key
 
     try:
@@ -863,9 +863,11 @@ def bench(
         records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))
     except b.BenchError as exc:
         raise click.ClickException(str(exc)) from exc
-    result = b.build_result(
-        cfg, records, b.fingerprint(facts, _json_file(plan_file, "plan"), versions())
-    )
+    # Results get shared: the fingerprint is redacted like `flashnext report`.
+    redact = redactor_for_this_host(facts)
+    plan = _json_file(plan_file, "plan")
+    fingerprint = b.fingerprint(redact.value(facts), redact.value(plan), versions())
+    result = b.build_result(cfg, records, fingerprint)
     if out_dir:
         b.write_results(Path(out_dir), records, result)
     if as_json:
