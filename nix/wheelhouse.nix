@@ -3,10 +3,10 @@
 # by hash. pip checks every wheel against the lock's --hash lines; the NAR hash
 # pins the directory as a whole.
 #
-# The hash cannot be computed on the machines this repository is developed on
-# (no nixpkgs there). Until nix/update-wheelhouse-hash has been run on a Nix
-# machine, nix/wheelhouse-hash.json holds null and the build fails closed with
-# Nix's "hash mismatch ... got: sha256-..." (lib.fakeHash never matches).
+# nix/update-wheelhouse-hash computes the hash without nixpkgs (`nix hash path`
+# over the directory this same download step fills). While
+# nix/wheelhouse-hash.json holds null the build fails closed with Nix's
+# "hash mismatch ... got: sha256-..." (lib.fakeHash never matches).
 {
   lib,
   stdenvNoCC,
@@ -18,16 +18,16 @@
 let
   record = pins.wheelhouseHash;
 in
-# A lock edited without refreshing the hash must not silently reuse an old
-# wheelhouse: fail at evaluation with the fix.
-assert lib.assertMsg (record.lock_sha256 == pins.lockSha256) ''
-  pins/requirements-cp312.txt changed (sha256 ${pins.lockSha256}) but
-  nix/wheelhouse-hash.json was computed for ${record.lock_sha256}.
-  Run nix/update-wheelhouse-hash on a machine with Nix and network access.'';
+# A lock with other wheels must not silently reuse an old wheelhouse hash:
+# fail at evaluation with the fix.
+assert lib.assertMsg (record.wheels_sha256 == pins.wheelsSha256) ''
+  pins/${pins.lockFile} names other wheels (wheel set ${pins.wheelsSha256}) than
+  nix/wheelhouse-hash.json was computed for (${record.wheels_sha256}).
+  Run nix/update-wheelhouse-hash (or --placeholder, which makes the build fail closed).'';
 stdenvNoCC.mkDerivation {
-  # The lock's hash is in the name: a new lock is a new store path, never a
-  # stale wheelhouse that happens to carry the old output hash.
-  name = "flashnext-wheelhouse-cp312-${builtins.substring 0 16 pins.lockSha256}";
+  # The wheel set's hash is in the name: other wheels are another store path,
+  # never a stale wheelhouse that happens to carry the old output hash.
+  name = "flashnext-wheelhouse-cp312-${builtins.substring 0 16 pins.wheelsSha256}";
   inherit src;
 
   # pins/pinkit runs `sys.executable -m pip download`: a Python with pip.
@@ -50,7 +50,7 @@ stdenvNoCC.mkDerivation {
   outputHash = if record.output_hash == null then lib.fakeHash else record.output_hash;
 
   passthru = {
-    inherit (pins) lockSha256;
+    inherit (pins) wheelsSha256;
     hashComputed = record.output_hash != null;
   };
 }

@@ -18,6 +18,8 @@ in
     packages = drvPaths p;
     checks = drvPaths out.checks;
   };
+  # A fixed-output path depends on its name and hash only, not on its inputs.
+  wheelhouseOutPath = p.wheelhouse.outPath;
 
   wheelhouse = {
     inherit (p.wheelhouse)
