@@ -54,6 +54,8 @@ VISION_CONFIG: dict[str, Any] = {
     "num_heads": 2,
     "intermediate_size": 64,
     "out_hidden_size": 128,
+    # No deepstack: a non-first PP rank asserts start_layer >= len(indexes).
+    "deepstack_visual_indexes": [],
 }
 
 
@@ -133,6 +135,8 @@ def build_model(vllm_config, device: str = "meta"):
     import torch
     from vllm.config import set_current_vllm_config
 
+    # A config builds one model: layers register their names in it.
+    vllm_config.compilation_config.static_forward_context.clear()
     with set_current_vllm_config(vllm_config):
         ensure_single_process_distributed()
         from vllm.models.qwen4_exp.nvidia.model import Qwen4ExpForConditionalGeneration
