@@ -166,3 +166,61 @@ def test_rebind_releases_the_old_arena_and_the_cap_refuses(offloaded, monkeypatc
     with pytest.raises(RuntimeError, match="VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"):
         layer.bind_kv_cache(caches[QSA])
     assert layer.host_arena is None  # released, nothing half-bound
+
+
+@pytest.mark.proves(PATCH)
+def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
+    offloaded, monkeypatch
+):
+    """forward_qsa's wiring: which rows, requests and host ints reach the kernels."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:  # the cap test left it unbound
+        layer.bind_kv_cache(caches[QSA])
+    calls = {}
+    monkeypatch.setattr(
+        qsa_offload, "qsa_offload_decode", lambda *a, **k: calls.setdefault("decode", (a, k))
+    )
+    monkeypatch.setattr(
+        qsa_offload, "qsa_offload_prefill", lambda *a, **k: calls.setdefault("prefill", (a, k))
+    )
+    # Reordered batch: 2 decode requests (1 row each), then 2 prefills (3 + 4 rows).
+    rows, heads, dim = 9, 4, 32
+    query = torch.randn(rows, heads, dim).to(torch.bfloat16)
+    gate = torch.randn(rows, heads, dim).to(torch.bfloat16)
+    output = torch.full_like(query, 7.0)
+    layer.topk_indices_buffer.zero_()
+    token_to_req = torch.tensor([0, 1, 2, 2, 2, 3, 3, 3, 3], dtype=torch.int32)
+    main = SimpleNamespace(
+        num_actual_tokens=rows,
+        block_table=torch.zeros(4, 2, dtype=torch.int32),
+        seq_lens=torch.tensor([50, 60, 3, 700], dtype=torch.int32),
+    )
+    side = SimpleNamespace(num_decodes=2, num_decode_tokens=2, num_prefills=2, max_seq_len=700)
+    layer.impl.forward_qsa(
+        layer,
+        query,
+        None,
+        None,
+        layer.kv_cache,
+        main,
+        output,
+        token_to_req,
+        True,
+        gate,
+        side_metadata=side,
+    )
+    (d_args, d_kw), (p_args, p_kw) = calls["decode"], calls["prefill"]
+    assert d_args[0].shape[0] == 2 and d_args[5].tolist() == [0, 1]
+    assert d_args[1].shape[-1] == d_args[2].shape[-1] == dim  # K and V halves of the arena
+    assert d_args[1].data_ptr() == layer.host_arena.host.data_ptr()
+    assert d_args[8] is layer.offload_workspace and d_kw["splits"] >= 1
+    assert p_kw["row_begin"] == 2 and p_kw["row_end"] == rows
+    assert list(p_kw["requests"]) == [2, 3] and p_kw["max_context"] == 700
+    assert p_args[1].shape == (caches[QSA].shape[0], 992, 2, 2 * dim)  # the arena view
+    assert p_args[5] is main.seq_lens
+    assert torch.count_nonzero(output) == 0  # zeroed first, then the kernels write
