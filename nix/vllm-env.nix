@@ -35,11 +35,37 @@ stdenv.mkDerivation {
     zlib
   ];
 
-  # Provided by the NVIDIA driver at run time (/run/opengl-driver/lib on NixOS,
-  # the CDI mounts in a container), never by the store.
+  # DT_NEEDED entries nothing in the store provides, as nix/elf-deps.py lists
+  # them for the locked wheels (checks/nix keeps this list complete). Each is
+  # either the driver's or belongs to an optional plugin vLLM never loads.
   autoPatchelfIgnoreMissingDeps = [
+    # The NVIDIA driver, at run time: /run/opengl-driver/lib on NixOS, the
+    # CDI mounts in a container.
     "libcuda.so.1"
-    "libnvidia-ml.so.1"
+    # torchcodec (video decoding; text-only serving never loads it): one core
+    # library per FFmpeg major version, whichever dlopen() finds wins.
+    "libavcodec.so.*"
+    "libavdevice.so.*"
+    "libavfilter.so.*"
+    "libavformat.so.*"
+    "libavutil.so.*"
+    "libswresample.so.*"
+    "libswscale.so.*"
+    "libheif.so.1"
+    # NVSHMEM and cuFile transports for multi-node / RDMA fabrics, dlopen()ed
+    # plugins; a single host with PCIe P2P uses none of them.
+    "libfabric.so.1"
+    "libibverbs.so.1"
+    "librdmacm.so.1"
+    "libmlx5.so.1"
+    "libmpi.so.40"
+    "liboshmem.so.40"
+    "libpmix.so.2"
+    "libucp.so.0"
+    "libucs.so.0"
+    # numba's optional TBB and OpenMP threading layers (the default is its own).
+    "libtbb.so.12"
+    "libgomp.so.1.0.0"
   ];
 
   dontConfigure = true;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -297,6 +298,35 @@ def test_builder_steps_exist_in_pins():
         text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+def pins_env_site_packages() -> Path | None:
+    """site-packages of the newest env pins/build-env published (the pins suite builds it)."""
+    cache = Path(os.environ.get("FLASHNEXT_CACHE", Path.home() / ".cache" / "flashnext"))
+    envs = [p for p in (cache / "env").glob("*") if p.is_symlink() and (p / "venv").is_dir()]
+    for env in sorted(envs, key=lambda p: p.stat().st_mtime, reverse=True):
+        found = sorted((env / "venv" / "lib").glob("python3.*/site-packages"))
+        if found:
+            return found[0]
+    return None
+
+
+def test_autopatchelf_ignore_list_covers_the_locked_wheels(summary):
+    """Predicts the Nix build's autoPatchelf step on the same wheels, without Nix:
+    every library a wheel needs is in the tree, a buildInput, or ignored with a reason."""
+    site = pins_env_site_packages()
+    if site is None:
+        pytest.skip(
+            "no env from pins/build-env under $FLASHNEXT_CACHE/env (checks/pins/run builds it)"
+        )
+    elf_deps = [sys.executable, str(REPO / "nix/elf-deps.py"), str(site)]
+    bare = subprocess.run(elf_deps, capture_output=True, text=True)
+    assert bare.returncode == 1 and "libcuda.so.1:" in bare.stdout  # the scan sees something
+    ignores = [
+        a for p in summary["vllmEnv"]["autoPatchelfIgnoreMissingDeps"] for a in ("--ignore", p)
+    ]
+    proc = subprocess.run([*elf_deps, *ignores], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(
