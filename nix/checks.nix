@@ -31,11 +31,16 @@ let
     pkgs.runCommand "flashnext-check-${name}" (
       {
         inherit src;
-        nativeBuildInputs = [ pkgs.gnupatch ];
+        # python3 on PATH so patchShebangs can point the scripts' shebangs at it.
+        nativeBuildInputs = [
+          pkgs.gnupatch
+          testPython
+        ];
       }
       // extra
     ) ''
       cp -r "$src" source && chmod -R u+w source && cd source
+      patchShebangs .
       export HOME="$TMPDIR" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1
       ${script}
       touch "$out"

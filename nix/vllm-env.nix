@@ -68,6 +68,11 @@ stdenv.mkDerivation {
     "libgomp.so.1.0.0"
   ];
 
+  # patches/apply and pins/ scripts are run directly (#!/usr/bin/env python3);
+  # the sandbox has no /usr/bin/env.
+  postPatch = ''
+    patchShebangs pins patches nix
+  '';
   dontConfigure = true;
   # pins/build-env's steps (nix/build-vllm-env.py): venv, offline
   # --require-hashes install from the wheelhouse, stock copy, patches/apply.

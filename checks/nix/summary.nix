@@ -40,6 +40,7 @@ in
       buildPhase
       installCheckPhase
       doInstallCheck
+      postPatch
       autoPatchelfIgnoreMissingDeps
       dontStrip
       ;

@@ -124,6 +124,8 @@ def test_vllm_env_gets_the_pins_and_the_series(summary):
         assert (src / rel).read_bytes() == (REPO / rel).read_bytes(), rel
     assert f'nix/build-vllm-env.py install "$out" {env["wheelhouse"]}' in env["buildPhase"]
     assert env["doInstallCheck"] and "nix/build-vllm-env.py smoke" in env["installCheckPhase"]
+    # patches/apply is executed directly: its shebang must be patched in the sandbox.
+    assert "patchShebangs pins patches" in env["postPatch"]
     assert "libcuda.so.1" in env["autoPatchelfIgnoreMissingDeps"]
     assert {"auto-patchelf-hook-standin", "auto-add-driver-runpath-hook-standin"} <= set(
         env["hooks"]
