@@ -147,6 +147,17 @@ def test_refuses_missing_patch_file(site: Path, tmp_path: Path) -> None:
     assert snapshot(site) == before
 
 
+def test_refuses_series_out_of_order(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    series = write_series(tmp_path, patches, listed=["0002-second.patch", "0001-first.patch"])
+    before = snapshot(site)
+
+    proc = run_apply(site, "--series", series)
+
+    assert_refused(proc, "0001-first.patch comes after 0002-second.patch")
+    assert snapshot(site) == before
+
+
 def test_refuses_patch_file_missing_from_series(site: Path, tmp_path: Path) -> None:
     series = write_series(tmp_path, good_patches(tmp_path), listed=["0001-first.patch"])
     before = snapshot(site)
