@@ -21,7 +21,17 @@ from harness import MODEL_NAME, free_port, serve_argv, standin_env, urls  # noqa
 FAST = {"poll_interval_s": 0.05, "progress_interval_s": 0.5, "stop_timeout_s": 5.0}
 
 
-def run_supervise(env_overrides: dict[str, str] | None = None, **kwargs):
+def stop_when_ready(ready: list) -> callable:
+    """on_ready that records the info, then SIGINTs us: supervise's handler forwards it."""
+
+    def on_ready(info: serve.ReadyInfo) -> None:
+        ready.append(info)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    return on_ready
+
+
+def run_supervise(env_overrides: dict[str, str] | None = None, stop_ready=False, **kwargs):
     port = free_port()
     log = io.StringIO()
     ready: list[serve.ReadyInfo] = []
@@ -38,7 +48,7 @@ def run_supervise(env_overrides: dict[str, str] | None = None, **kwargs):
         serve_argv(port, max_model_len=131072),
         standin_env(**(env_overrides or {})),
         log_stream=log,
-        on_ready=ready.append,
+        on_ready=stop_when_ready(ready) if stop_ready else ready.append,
         **options,
     )
     return rc, log.getvalue(), ready
@@ -58,7 +68,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_child_exit_reports_code_and_output_tail():
-    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.5", "STANDIN_EXIT_CODE": "3"})
+    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "3", "STANDIN_EXIT_CODE": "3"})
     assert rc == 1
     assert len(ready) == 1  # it was ready first
     assert "flashnext: error: the server exited with code 3\n" in log
@@ -160,10 +170,8 @@ def test_api_key_is_sent_and_required():
     rc, log, _ = run_supervise({"VLLM_API_KEY": "sekret"}, api_key=None)
     assert rc == 1
     assert "/v1/models: HTTP 401: Unauthorized" in log
-    rc, log, ready = run_supervise(
-        {"VLLM_API_KEY": "sekret", "STANDIN_EXIT_AFTER_S": "0.2"}, api_key="sekret"
-    )
-    assert ready and ready[0].model_name == MODEL_NAME
+    rc, log, ready = run_supervise({"VLLM_API_KEY": "sekret"}, stop_ready=True, api_key="sekret")
+    assert rc == 0 and ready[0].model_name == MODEL_NAME
 
 
 def test_missing_binary_says_how_to_get_it():
@@ -185,7 +193,9 @@ def test_missing_binary_says_how_to_get_it():
 
 
 def test_ready_reports_url_model_and_context_length():
-    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.3"})
+    rc, log, ready = run_supervise(stop_ready=True)
+    assert rc == 0
+    assert "flashnext: received SIGINT, stopping the server\n" in log
     (info,) = ready
     assert info.model_name == MODEL_NAME
     assert info.max_model_len == 131072
@@ -319,7 +329,7 @@ def notify_socket(tmp_path, monkeypatch):
 
 
 def test_ready_is_notified_only_after_the_smoke_completion(notify_socket):
-    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "0.3", "STANDIN_LOAD_S": "1.2"})
+    rc, log, ready = run_supervise({"STANDIN_EXIT_AFTER_S": "3", "STANDIN_LOAD_S": "1.2"})
     msgs = notify_socket()
     assert msgs[0] == "STATUS=starting vLLM"
     assert any(re.fullmatch(r"STATUS=waiting for /health \(\d+s\)", m) for m in msgs), msgs
