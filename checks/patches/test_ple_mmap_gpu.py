@@ -72,9 +72,10 @@ def test_module_in_the_patch_gathers_on_cpu(tmp_path: Path) -> None:
     mod = load_ple_mmap()
     path, rows = write_table(tmp_path)
     table, _mapping = mod.open_mapped_table(str(path), ROWS, DIM, torch.bfloat16)
-    gather = mod.HostRowGather(table, 64 * HEADS, torch.device("cpu"))
-    ids = torch.randint(0, ROWS, (64, HEADS))
-    assert torch.equal(gather.rows(gather.gather(ids)), rows[ids.view(-1)])
+    gather = mod.HostRowGather(table, 512 * HEADS, torch.device("cpu"))
+    for tokens in (4, 64, 512):  # serial below 1024 rows, on the thread pool above
+        ids = torch.randint(0, ROWS, (tokens, HEADS))
+        assert torch.equal(gather.rows(gather.gather(ids)), rows[ids.view(-1)])
 
 
 @needs_cuda
@@ -148,6 +149,17 @@ def gather_timings(directory: Path) -> dict[str, float]:
     table, _mapping = mod.open_mapped_table(str(path), ROWS, DIM, torch.bfloat16)
     gather = mod.HostRowGather(table, 512 * HEADS, torch.device("cuda"))
     figures = {}
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # dirty pages would survive DONTNEED
+    for tokens in (1, 512):  # cold: the table's page cache dropped first
+        ids = torch.randint(0, ROWS, (tokens, HEADS), device="cuda")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gather.gather(ids)
+        torch.cuda.synchronize()
+        figures[f"gather_ms_{tokens}_tokens_cold"] = (time.perf_counter() - t0) * 1e3
+    os.close(fd)
     for tokens in (1, 4, 512):
         ids = torch.randint(0, ROWS, (tokens, HEADS), device="cuda")
         gather.gather(ids)  # warm: rows in the page cache
