@@ -10,8 +10,6 @@
   image,
 }:
 let
-  inherit (pkgs) lib;
-
   # The launcher's own dependencies plus the test runner, from nixpkgs.
   testPython = python.withPackages (
     ps: with ps; [
