@@ -167,8 +167,10 @@ def test_bench_against_standin_with_controlled_timing(server, tmp_path):
         STANDIN_TTFT_S=str(TTFT_S),
         STANDIN_PREFILL_TOK_S=str(PREFILL_TOK_S),
     )
+    # 51 tokens: a 1 s decode span, so a few ms of scheduling jitter on a busy 2-core
+    # machine stay small against it.
     cfg = bench.BenchConfig(
-        url=url, model=MODEL_NAME, decode_tokens=26, decode_prompt_tokens=128,
+        url=url, model=MODEL_NAME, decode_tokens=51, decode_prompt_tokens=128,
         prompt_lengths=(2000,), warmup=1, runs=2,
     )  # fmt: skip
     records = bench.run_bench(cfg)
@@ -179,14 +181,16 @@ def test_bench_against_standin_with_controlled_timing(server, tmp_path):
     )
     dec = {d["concurrency"]: d for d in result["summary"]["decode"]}
     # server emits token i at ttft + i * interval: 50 tok/s per stream, 4 x 50 at c=4
-    assert dec[1]["stream_tok_s"]["median"] == pytest.approx(1 / INTERVAL_S, rel=0.15)
-    assert dec[1]["aggregate_tok_s"]["median"] == pytest.approx(1 / INTERVAL_S, rel=0.15)
-    assert dec[4]["aggregate_tok_s"]["median"] == pytest.approx(4 / INTERVAL_S, rel=0.15)
-    assert dec[1]["ttft_s"]["median"] == pytest.approx(TTFT_S + 128 / PREFILL_TOK_S, rel=0.25)
+    assert dec[1]["stream_tok_s"]["median"] == pytest.approx(1 / INTERVAL_S, rel=0.12)
+    assert dec[1]["aggregate_tok_s"]["median"] == pytest.approx(1 / INTERVAL_S, rel=0.12)
+    assert dec[4]["aggregate_tok_s"]["median"] == pytest.approx(4 / INTERVAL_S, rel=0.12)
+    # the server never emits early, so a measured TTFT is at least the scheduled one
+    ttft = TTFT_S + 128 / PREFILL_TOK_S
+    assert ttft <= dec[1]["ttft_s"]["min"] and dec[1]["ttft_s"]["median"] < ttft + 0.15
     (pre,) = result["summary"]["prefill"]
-    expected_ttft = TTFT_S + 2000 / PREFILL_TOK_S
-    assert pre["ttft_s"]["median"] == pytest.approx(expected_ttft, rel=0.15)
-    assert pre["prefill_tok_s"]["median"] == pytest.approx(2000 / expected_ttft, rel=0.15)
+    ttft = TTFT_S + 2000 / PREFILL_TOK_S
+    assert ttft <= pre["ttft_s"]["min"] and pre["ttft_s"]["median"] < ttft + 0.15
+    assert 2000 / (ttft + 0.15) < pre["prefill_tok_s"]["median"] <= 2000 / ttft
     assert result["comparison"][0]["metric"] == "decode tok/s, c=1"
 
     # what went over the wire: exact token counts, streaming with usage, distinct prompts
