@@ -14,10 +14,12 @@ here: that is preflight's job over the facts this returns.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -291,9 +293,27 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
     )
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: a full checkpoint's headers are ~1M
+    small acyclic objects (dicts, lists, tuples), and the collector rescanning
+    the growing heap while they are built costs ~40% of the read time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def read_model_facts(model_dir: str | os.PathLike[str]) -> ModelFacts:
     """Read a checkpoint directory's configs and every shard header. Raises ModelFactsError."""
-    root = Path(model_dir)
+    with _no_cyclic_gc():
+        return _read_model_facts(Path(model_dir))
+
+
+def _read_model_facts(root: Path) -> ModelFacts:
     if not root.is_dir():
         raise ModelFactsError(
             f"{root}: not a directory; pass the checkpoint directory (holding config.json)"
