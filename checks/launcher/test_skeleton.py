@@ -86,8 +86,9 @@ def test_full_skeleton_reads_fast(full_skeleton, full_model):
         f"{wall:.2f} s wall, {cpu:.2f} s CPU"
     )
     assert facts.tensors == full_model.tensors
-    # Budget on a shared 2-core machine; ~1.5 s CPU measured idle (JSON of
-    # 56 MB of headers + index is ~0.6 s of that).
+    # Measured: 0.9-1.4 s on an idle host (Python 3.12), 1.2-3 s CPU on the
+    # shared 2-core CI machine under load; parsing 55 MB of JSON (headers +
+    # index) is ~0.45 s of it. The bound leaves room for a loaded machine.
     assert cpu < 6.0
 
 
