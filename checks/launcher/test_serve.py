@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -44,24 +45,38 @@ def run_supervise(env_overrides: dict[str, str] | None = None, stop_ready=False,
         **urls(port),
         **kwargs,
     }
-    rc = serve.supervise(
-        serve_argv(port, max_model_len=131072),
-        standin_env(**(env_overrides or {})),
-        log_stream=log,
-        on_ready=stop_when_ready(ready) if stop_ready else ready.append,
-        **options,
-    )
+    # A supervisor that misses a failure would watch forever: SIGINT it after a minute
+    # (it then returns 0, which the failure tests reject) instead of hanging the suite.
+    watchdog = threading.Timer(60, os.kill, (os.getpid(), signal.SIGINT))
+    watchdog.start()
+    try:
+        rc = serve.supervise(
+            serve_argv(port, max_model_len=131072),
+            standin_env(**(env_overrides or {})),
+            log_stream=log,
+            on_ready=stop_when_ready(ready) if stop_ready else ready.append,
+            **options,
+        )
+    finally:
+        watchdog.cancel()
     return rc, log.getvalue(), ready
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone for our purposes.
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rpartition(")")[2].split()[0] != "Z"
+def pid_alive(pid: int, grace_s: float = 5.0) -> bool:
+    """Whether `pid` still runs after up to `grace_s` (SIGKILL delivery is not instant)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rpartition(")")[2].split()[0]
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+        if state == "Z":  # a zombie still answers kill(0); it is gone for our purposes
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- failures after ready
