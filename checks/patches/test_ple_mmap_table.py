@@ -148,6 +148,25 @@ def test_engram_config_selects_the_mmap_backend(ple: PleTable, dist) -> None:
 
 
 @pytest.mark.proves(PATCH)
+def test_vllm_serve_flag_selects_the_table(ple: PleTable) -> None:
+    """The exact flag the launcher emits (flashnext.command), through `vllm serve`'s parser."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    flag = json.dumps({"mmap_path": str(ple.table_path)}, sort_keys=True, separators=(",", ":"))
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(
+        ["--model", str(ple.model_dir), "--engram-config", flag, "--load-format", "dummy",
+         "--skip-tokenizer-init", "--max-model-len", "512", "--enforce-eager",
+         "--language-model-only"]
+    )  # fmt: skip
+    config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    assert config.engram_config.mmap_path == str(ple.table_path)
+    assert config.engram_config.cpu_offload is True
+
+
+@pytest.mark.proves(PATCH)
 def test_mmap_config_rejects_device_table(ple: PleTable) -> None:
     with pytest.raises(ValueError, match=r"cannot be combined with cpu_offload=False"):
         _config(ple, mmap_path=str(ple.table_path), cpu_offload=False)
