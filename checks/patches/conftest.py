@@ -71,7 +71,13 @@ def find_vllm_tree() -> VllmTree:
     stamp = package_dir / STAMP_NAME
     applied = None
     if stamp.exists():
-        applied = {p["name"]: p["sha256"] for p in json.loads(stamp.read_text())["patches"]}
+        try:
+            entries = json.loads(stamp.read_text())["patches"]
+            applied = {p["name"]: p["sha256"] for p in entries}
+        except (ValueError, KeyError, TypeError) as err:
+            raise pytest.UsageError(
+                f"{stamp} is unreadable ({err!r}): rebuild the env with pins/build-env"
+            ) from err
     return VllmTree(package_dir, version, applied)
 
 
