@@ -93,6 +93,10 @@ def assert_refused(proc: subprocess.CompletedProcess[str], *needles: str) -> Non
 
 def test_applies_series_in_order_and_stamps(site: Path, tmp_path: Path) -> None:
     series = write_series(tmp_path, good_patches(tmp_path))
+    pycache = site / "vllm/config/__pycache__"
+    pycache.mkdir()
+    (pycache / "cache.cpython-311.pyc").write_bytes(b"stale")
+    (pycache / "other.cpython-311.pyc").write_bytes(b"kept")
     stock_copy = tmp_path / "stock"
     stock_copy.mkdir()
     os.link(site / "vllm/config/cache.py", stock_copy / "cache.py")  # like cp -al
@@ -112,6 +116,7 @@ def test_applies_series_in_order_and_stamps(site: Path, tmp_path: Path) -> None:
     assert stamp["patches"][0]["sha256"] == digest
     assert stamp["patches"][1]["files"] == ["vllm/config/cache.py", "vllm/new_module.py"]
     assert not list(site.glob(".flashnext-patch-*")), "staging directory left behind"
+    assert [p.name for p in pycache.iterdir()] == ["other.cpython-311.pyc"]
 
 
 def test_refuses_already_patched_tree(site: Path, tmp_path: Path) -> None:
