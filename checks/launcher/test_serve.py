@@ -250,6 +250,20 @@ def start_driver(env_overrides: dict[str, str], stop_timeout_s: float = 5.0):
     )  # fmt: skip
 
 
+def finish(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The rest of the output once `proc` exits; stop it if it does not (SIGTERM first, so
+    the supervisor takes its server down with it), then fail."""
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
 def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 20.0) -> str:
     seen = []
     deadline = time.monotonic() + timeout_s
@@ -270,7 +284,7 @@ def test_signal_is_forwarded_and_the_group_stops(sig, notify_socket):
     seen = read_until(proc, "watching engine processes")
     engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", seen).group(1))
     proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=20)
+    rest = finish(proc, 20)
     assert proc.returncode == 0, rest
     assert f"flashnext: received {sig.name}, stopping the server\n" in rest
     assert f"received signal {int(sig)}, shutting down" in rest  # the child got the same signal
@@ -284,7 +298,7 @@ def test_sigterm_escalates_to_sigkill_after_the_timeout():
     engine_pid = int(re.search(r"VLLM::EngineCore_DP0 \((\d+)\)", seen).group(1))
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=20)
+    rest = finish(proc, 20)
     assert proc.returncode == 1, rest
     assert "ignoring signal 15" in rest
     assert "flashnext: server did not stop within 1s of SIGTERM; SIGKILL\n" in rest

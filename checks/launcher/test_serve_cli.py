@@ -31,6 +31,20 @@ def start_serve(model_dir: Path, port: int, **env: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
+def finish(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The rest of the output once `proc` exits; stop it if it does not (SIGTERM first, so
+    the supervisor takes its server down with it), then fail."""
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
 def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float = 90.0) -> str:
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s
@@ -58,14 +72,14 @@ def test_serve_runs_the_plan_supervised_and_stops_on_sigterm(full_skeleton):
         seen,
     ), seen
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
+    rest = finish(proc, 60)
     assert proc.returncode == 0, rest
     assert "flashnext: received SIGTERM, stopping the server\n" in rest
 
 
 def test_serve_exits_non_zero_when_the_engine_dies(full_skeleton):
     proc = start_serve(full_skeleton, free_port(), STANDIN_ENGINE_DIE_AFTER_S="2")
-    out, _ = proc.communicate(timeout=120)
+    out = finish(proc, 120)
     assert proc.returncode == 1, out
     assert "exited while the HTTP server still answers (/health: 200)" in out
 
@@ -83,5 +97,5 @@ def test_serve_reads_the_api_key_file(full_skeleton, tmp_path):
     )  # fmt: skip
     read_until(proc, r"flashnext: ready: ")
     os.kill(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out = finish(proc, 60)
     assert proc.returncode == 0, out
