@@ -128,4 +128,4 @@ def test_offload_knobs_are_registered_and_default_off(monkeypatch):
         assert name in envs.environment_variables
     assert envs.VLLM_QSA_KV_OFFLOAD is False
     assert envs.VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES == 0
-    assert envs.VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS == 32768
+    assert envs.VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS == 16384

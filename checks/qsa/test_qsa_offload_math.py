@@ -219,3 +219,43 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
     assert [e[3] for e in attends].count(True) == 1
     assert len(attends) == 1 + len(copies)
     assert sum(1 for e in log if e[0] == "_finalize_kernel") == 1
+
+
+def test_launcher_workspace_bytes_match_the_module(offload):
+    """flashnext.qsa_sizing reserves exactly what OffloadWorkspace allocates."""
+    sys.path.insert(0, str(HERE.parents[1] / "launcher" / "src"))
+    from flashnext import qsa_sizing
+
+    tiny = qsa_sizing.QsaShape(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        indexer_budget=13,
+        indexer_compress_ratio=4,
+    )
+    for batched, seqs, chunk in ((64, 4, 8), (16, 32, 5)):
+        expect = qsa_sizing.offload_workspace_bytes(
+            tiny, max_num_batched_tokens=batched, max_num_seqs=seqs, chunk_tokens=chunk
+        )
+        rows = max(batched, seqs)
+        width = qsa_sizing.selection_width(tiny)
+        kw = {
+            "max_rows": rows,
+            "num_q_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 32,
+            "chunk_tokens": chunk,
+            "selection_width": width,
+        }
+        assert offload.OffloadWorkspace.nbytes_for(**kw) == expect
+        ws = offload.OffloadWorkspace.allocate(dtype=torch.bfloat16, device="cpu", **kw)
+        held = (
+            ws.chunk,
+            ws.acc,
+            ws.row_max,
+            ws.row_sum,
+            ws.selection,
+            ws.selection_sorted,
+            ws.selection_order,
+        )
+        assert sum(t.numel() * t.element_size() for t in held) == expect

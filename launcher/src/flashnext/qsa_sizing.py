@@ -45,8 +45,10 @@ class QsaShape:
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
+    num_attention_heads: int = 24
     indexer_head_dim: int = 128
     indexer_compress_ratio: int = 4
+    indexer_budget: int = 2048
     dtype_bytes: int = 2  # bf16 activations and K/V
     ssm_state_bytes: int = 4  # mamba_ssm_dtype float32
     num_speculative_tokens: int = 0
@@ -121,6 +123,32 @@ def offload_vram_bytes_per_token(shape: QsaShape) -> int:
     return SLOT_BYTES_PER_TOKEN + pooled
 
 
+def selection_width(shape: QsaShape) -> int:
+    """Selected tokens per query row: the budget plus an open group's tail (2051)."""
+    return shape.indexer_budget + shape.indexer_compress_ratio - 1
+
+
+def offload_workspace_bytes(
+    shape: QsaShape,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    chunk_tokens: int = 16384,
+) -> int:
+    """VRAM of the per-rank offload workspace (patch 0022, ops/qsa_offload.py).
+
+    Two chunk slots of K/V, the fp32 running state (acc, max, sum) and the
+    sorted-selection buffers (int32, int32, int64) for every workspace row.
+    vLLM's memory profile never runs QSA, so the planner reserves this by
+    hand. 3x3090 profile (512 rows, 16k chunks): 96,591,872 B (92.1 MiB).
+    """
+    rows = max(max_num_batched_tokens, max_num_seqs * (1 + shape.num_speculative_tokens))
+    chunk = 2 * chunk_tokens * kv_bytes_per_token(shape)
+    state = rows * shape.num_attention_heads * (shape.head_dim + 2) * 4
+    selection = rows * selection_width(shape) * (4 + 4 + 8)
+    return chunk + state + selection
+
+
 def ring_capacity(shape: QsaShape) -> int:
     """Raw-key ring tokens per request (QSAKeyStateCache.get_kv_cache_spec)."""
     ratio = shape.indexer_compress_ratio
@@ -148,6 +176,18 @@ def offload_block_size(shape: QsaShape, qsa_layers_on_busiest_rank: int) -> int:
             "mamba page; use more pipeline stages"
         )
     return block
+
+
+def pool_block_bytes(shape: QsaShape, qsa_layers_on_busiest_rank: int) -> int:
+    """What vLLM divides `--kv-cache-memory-bytes` by under offload: the largest page.
+
+    The planner (block-outermost layout) gives every pool block the largest
+    page of any group: the mamba state (3,207,168 B), which the QSA group's
+    page (layers x 66 B x block, 3,206,016 B) fits inside.
+    """
+    block = offload_block_size(shape, qsa_layers_on_busiest_rank)
+    group = max(qsa_layers_on_busiest_rank, 1) * offload_vram_bytes_per_token(shape) * block
+    return max(mamba_page_bytes(shape), group)
 
 
 @dataclass(frozen=True)
@@ -189,7 +229,7 @@ def size_offload(
     busiest = max(per_rank)
     block = offload_block_size(shape, busiest)
     group_page = busiest * offload_vram_bytes_per_token(shape) * block
-    pool_block = max(mamba_page_bytes(shape), group_page)
+    pool_block = pool_block_bytes(shape, busiest)
     num_blocks = kv_cache_memory_bytes // pool_block
     if num_blocks < 1:
         raise ValueError(
