@@ -49,8 +49,9 @@ def ask_vllm(mode: str, request) -> object:
 def skeleton(tmp_path_factory):
     from flashnext.skeleton import write_skeleton
 
-    path = tmp_path_factory.mktemp("contract") / "tiny"
-    write_skeleton(path, "tiny", fixed_metadata=True)
+    # Full scale: the facts fixture's table has the full model's size.
+    path = tmp_path_factory.mktemp("contract") / "Qwen3.8-Flash-Next"
+    write_skeleton(path, "full", fixed_metadata=True)
     return path
 
 
@@ -69,7 +70,7 @@ def parsed(skeleton):
             "--table",
             TABLE,
             "--kv-cache-memory-bytes",
-            "550000000",
+            "300000000",
             "--generation-config",
             str(skeleton),
         ],
@@ -94,7 +95,7 @@ def test_every_value_arrives_where_intended(parsed, skeleton):
     )
     assert ns["enable_prefix_caching"] is False
     assert ns["gpu_memory_utilization"] == 0.97
-    assert ns["kv_cache_memory_bytes"] == 550_000_000
+    assert ns["kv_cache_memory_bytes"] == 300_000_000
     assert ns["language_model_only"] is True
     assert ns["generation_config"] == str(skeleton)
 
