@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,18 @@ def test_serve_refuses_on_a_failed_check_and_starts_nothing(full_skeleton, tmp_p
     (fake / "vllm").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     proc = subprocess.run(
-        ["flashnext", "serve", "--facts", path, "--model", full_skeleton, "--table", TABLE],
+        [
+            sys.executable,
+            "-m",
+            "flashnext",
+            "serve",
+            "--facts",
+            path,
+            "--model",
+            full_skeleton,
+            "--table",
+            TABLE,
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -17,12 +17,12 @@ from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
 from flashnext.render import gib
+from flashnext.table.storage_policy import storage_refusal
 
 Level = Literal["ok", "warn", "fail"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "fail")
 
 EXPECTED_ARCH = "qwen4_exp"
-NETWORK_OR_MEMORY_FS = ("tmpfs", "ramfs", "overlay", "squashfs", "devtmpfs")
 
 
 @dataclass(frozen=True)
@@ -572,25 +572,10 @@ def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
 def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     where = f"{st.mount_point} ({st.fs_type}, {st.transport})"
     fix = "move the table to a local NVMe filesystem (ext4/xfs) and pass its new path"
-    if st.network or st.fs_type in NETWORK_OR_MEMORY_FS or st.transport == "network":
-        yield Finding(
-            "table.medium",
-            "fail",
-            where,
-            "local NVMe",
-            f"{inp.table_path} is on {st.fs_type}: every token faults 16 rows from "
-            "it, which needs a local block device (tmpfs would also cost 95 GiB of RAM)",
-            fix,
-        )
-    elif st.rotational:
-        yield Finding(
-            "table.medium",
-            "fail",
-            where,
-            "local NVMe",
-            f"{inp.table_path} is on a spinning disk: 16 random reads per token",
-            fix,
-        )
+    # One policy for `table prepare` and preflight: flashnext.table.storage_policy.
+    refusal = storage_refusal(st)
+    if refusal:
+        yield Finding("table.medium", "fail", where, "local NVMe", refusal, fix)
     elif st.transport == "nvme":
         yield _ok("table.medium", where, "local NVMe", "random reads at NVMe latency")
     elif st.transport == "sata":

@@ -159,6 +159,15 @@ def _summary_line(findings) -> str:
     return f"preflight: {counts['fail']} failed, {counts['warn']} warnings, {counts['ok']} ok"
 
 
+def _reachable_host(host: str) -> str:
+    """Where the supervisor probes a server bound to `host` (wildcards → loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 @main.command()
 @_plan_options
 def preflight(as_json: bool, **kw) -> None:
@@ -261,10 +270,14 @@ def serve(
         if not as_json:
             click.echo(shell_line(a.plan.argv, a.plan.env))
         return
-    from flashnext.serve import load_api_key, supervise
+    from flashnext.serve import ServeError, load_api_key, supervise
 
+    try:
+        api_key = load_api_key(os.environ, api_key_file)
+    except ServeError as exc:
+        raise click.ClickException(str(exc)) from exc
     env = {**os.environ, **a.plan.env}
-    base = f"http://{kw['host']}:{kw['port']}"
+    base = f"http://{_reachable_host(kw['host'])}:{kw['port']}"
     raise SystemExit(
         supervise(
             list(a.plan.argv),
@@ -272,7 +285,7 @@ def serve(
             health_url=f"{base}/health",
             completion_url=f"{base}/v1/completions",
             model_name=kw["served_model_name"],
-            api_key=load_api_key(os.environ, api_key_file),
+            api_key=api_key,
             startup_timeout_s=startup_timeout,
         )
     )
