@@ -1,13 +1,15 @@
 # Shared by checks/run and ./flashnext: the launcher's own small venv.
-# Keyed by launcher/pyproject.toml, so a dependency change builds a new one;
-# the launcher itself is installed editable from this checkout on every call.
+# Keyed by launcher/pyproject.toml and the checkout, so a dependency change
+# builds a new one; the launcher is installed editable from this checkout.
 : "${FLASHNEXT_CACHE:=$HOME/.cache/flashnext}"
 export FLASHNEXT_CACHE
 
 launcher_venv() {
   local repo=$1 extras=${2:-} py=${FLASHNEXT_PYTHON:-python3}
   local key venv
-  key=$( { cat "$repo/launcher/pyproject.toml"; "$py" -c 'import sys; print(sys.version)'; echo "$extras"; } \
+  # The checkout's path is part of the key: the launcher is installed editable,
+  # so two checkouts must not share (and re-point) one venv.
+  key=$( { cat "$repo/launcher/pyproject.toml"; "$py" -c 'import sys; print(sys.version)'; echo "$extras $repo"; } \
         | sha256sum | cut -c1-16)
   venv="$FLASHNEXT_CACHE/launcher/$key"
   # Venvs are not relocatable, so build in place; .complete is written last
