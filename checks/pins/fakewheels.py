@@ -44,6 +44,18 @@ def make_wheel(dest: Path, name: str, version: str, files: dict[str, str], requi
 
 
 MODEL_INIT = "class Qwen4ExpForCausalLM:\n    patched = False\n"
+VLLM_INIT = """import sys
+
+import tinydep
+
+__version__ = "0.33.0"
+
+
+def main():
+    from vllm.models.qwen4_exp import Qwen4ExpForCausalLM
+
+    print(sys.prefix, Qwen4ExpForCausalLM.patched)
+"""
 
 
 def make_closure(seed_dir: Path) -> list[Path]:
@@ -54,9 +66,10 @@ def make_closure(seed_dir: Path) -> list[Path]:
         "vllm",
         "0.33.0",
         {
-            "vllm/__init__.py": "import tinydep\n__version__ = '0.33.0'\n",
+            "vllm/__init__.py": VLLM_INIT,
             "vllm/models/__init__.py": "",
             "vllm/models/qwen4_exp/__init__.py": MODEL_INIT,
+            "vllm-0.33.0.dist-info/entry_points.txt": "[console_scripts]\nvllm = vllm:main\n",
         },
         requires=["tinydep>=1"],
     )

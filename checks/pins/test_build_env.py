@@ -86,13 +86,13 @@ def test_builds_patched_env_with_pristine_stock_and_reuses_it(setup):
     assert env_python_says(env_dir, PATCHED_Q, env_dir / "stock") == "False"
     manifest = json.loads((env_dir / buildenv.MANIFEST).read_text())
     assert manifest["key"] == env_dir.name and manifest["vllm_version"] == "0.33.0"
-    assert "cache hit" not in first.stderr
+    assert "build-env: cache hit" not in first.stderr
 
     started = time.monotonic()
     second = run_build(setup)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip().splitlines()[-1] == str(env_dir)
-    assert "cache hit" in second.stderr
+    assert "build-env: cache hit" in second.stderr
     assert time.monotonic() - started < 10
 
 
@@ -105,6 +105,29 @@ def test_changing_a_patch_builds_a_new_env(setup):
     env_dir = Path(second.stdout.strip().splitlines()[-1])
     assert env_dir != first
     assert env_python_says(env_dir, PATCHED_Q) == "2"
+    # The 2-wheel install was not repeated: the new env is a hard-link clone.
+    assert "base cache hit" in second.stderr
+    site_of = {
+        d: next((d / "venv" / "lib").glob("python3.*/site-packages")) for d in (first, env_dir)
+    }
+    unpatched = [site_of[d] / "tinydep" / "__init__.py" for d in (first, env_dir)]
+    assert unpatched[0].stat().st_ino == unpatched[1].stat().st_ino
+    patched = [
+        site_of[d] / "vllm" / "models" / "qwen4_exp" / "__init__.py" for d in (first, env_dir)
+    ]
+    assert patched[0].stat().st_ino != patched[1].stat().st_ino
+    assert env_python_says(first, PATCHED_Q) == "True"  # the first env is untouched
+
+
+def test_console_scripts_run_the_envs_own_python(setup):
+    result = run_build(setup)
+    assert result.returncode == 0, result.stderr
+    env_dir = Path(result.stdout.strip().splitlines()[-1])
+    script = env_dir / "venv" / "bin" / "vllm"
+    out = subprocess.run([str(script)], capture_output=True, text=True, check=True, cwd="/")
+    prefix, patched = out.stdout.split()
+    assert Path(prefix).resolve() == (env_dir / "venv").resolve()
+    assert patched == "True"
 
 
 def test_a_failed_build_is_not_published_and_not_reused(setup):
@@ -129,7 +152,7 @@ def test_a_build_killed_half_way_is_rebuilt_not_reused(setup):
     (half / "venv").mkdir()
     result = run_build(setup)
     assert result.returncode == 0, result.stderr
-    assert "cache hit" not in result.stderr
+    assert "build-env: cache hit" not in result.stderr
     assert not half.exists()
     rebuilt = Path(result.stdout.strip().splitlines()[-1])
     assert (rebuilt / buildenv.MANIFEST).is_file()

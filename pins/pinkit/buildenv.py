@@ -1,14 +1,17 @@
 """Build (or reuse) the pinned, patched vLLM env: the logic behind pins/build-env.
 
-Steps: wheelhouse from the lock -> venv installed offline with
---require-hashes -> pristine copy of the vllm tree -> patches/apply -> check
-the pristine copy is still pristine -> import smoke of both trees -> publish.
+Steps: wheelhouse from the lock -> base venv installed offline with
+--require-hashes (cached in base/, keyed by the pins and the interpreter) ->
+env venv cloned from the base with hard links -> pristine copy of the vllm
+tree -> patches/apply -> check the pristine copy is still pristine -> import
+smoke of both trees -> publish.
 
 Publishing is atomic and never moves a venv (venvs hard-code their path):
 the env is built in `env/.<key>.<random>/` and published by atomically
-replacing the symlink `env/<key>` to point at it. A build that dies leaves
-only an unlinked directory, which the next build of that key deletes; a
-half-built env is never reused. A per-key lock file serialises builders.
+replacing the symlink `env/<key>` to point at it (the base likewise in
+base/). A build that dies leaves only an unlinked directory, which the next
+build of that key deletes; a half-built env is never reused. A per-key
+lock file serialises builders.
 """
 
 import base64
@@ -25,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import envkey, lockfile, meta, wheelhouse
+from . import envkey, lockfile, meta, venvclone, wheelhouse
 from .target import Target
 
 MANIFEST = "flashnext-env.json"
@@ -295,7 +298,13 @@ def build(
     rebuild: bool = False,
     min_free_bytes: int = MIN_FREE_BYTES,
 ) -> Path:
-    """Return the env dir for this lock + patch series, building it if needed."""
+    """Return the env dir for this lock + patch series, building it if needed.
+
+    Two cached layers: the base (the lock installed, unpatched; keyed by the
+    pins and the interpreter) and the env (a hard-link clone of the base with
+    the series applied; keyed by the base and the patch inputs). A patch
+    change costs a clone and the patching, not a 9 GB install.
+    """
     minor, identity = interpreter_identity(python)
     pins_meta, lock_path, _, pins = load_lock(layout, minor)
     check_apply_script(layout)
@@ -308,23 +317,26 @@ def build(
             log(f"cache hit {key}")
             return hit
         remove_stale(env_root, key)
-        check_free_space(env_root, min_free_bytes)
         started = time.monotonic()
-        wheels = ensure_wheelhouse(
-            layout, python, Target(minor, _glibc(pins_meta)), lock_path, digest, pins, seed_dirs
+        base = ensure_base(
+            layout,
+            python,
+            Target(minor, _glibc(pins_meta)),
+            pins_meta,
+            lock_path,
+            pins,
+            digest,
+            identity,
+            seed_dirs,
+            rebuild,
+            min_free_bytes,
         )
-        build_dir = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=env_root))
-        build_dir.chmod(0o755)  # mkdtemp makes it private; the env is for every user
+        build_dir = _new_build_dir(env_root, key)
         try:
-            _build_into(layout, python, build_dir, lock_path, wheels, pins_meta.vllm_version)
-            manifest = {
-                "key": key,
-                "inputs": inputs,
-                "lock": lock_path.name,
-                "vllm_version": pins_meta.vllm_version,
-                "build_seconds": round(time.monotonic() - started, 1),
-            }
-            (build_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+            log(f"cloning the base {base.parent.name} (hard links)")
+            venvclone.clone(python, base, build_dir / "venv")
+            _patch_and_smoke(layout, build_dir, pins_meta.vllm_version, base)
+            _write_manifest(build_dir, key, inputs, lock_path, pins_meta, started)
             _publish(env_root, key, build_dir)
         except BaseException:
             shutil.rmtree(build_dir, ignore_errors=True)
@@ -333,17 +345,71 @@ def build(
         return env_root / key
 
 
+def ensure_base(
+    layout,
+    python,
+    target,
+    pins_meta,
+    lock_path,
+    pins,
+    digest,
+    identity,
+    seed_dirs,
+    rebuild,
+    min_free_bytes,
+) -> Path:
+    """The real path of the base venv (the lock installed, unpatched), building it if needed."""
+    key, inputs = envkey.base_key(digest, identity)
+    root = layout.cache / "base"
+    with key_lock(root, key):
+        hit = published(root, key)
+        if hit is not None and not rebuild:
+            log(f"base cache hit {key}")
+            return (hit / "venv").resolve()
+        remove_stale(root, key)
+        check_free_space(root, min_free_bytes)
+        started = time.monotonic()
+        wheels = ensure_wheelhouse(layout, python, target, lock_path, digest, pins, seed_dirs)
+        build_dir = _new_build_dir(root, key)
+        try:
+            venv = build_dir / "venv"
+            log("creating the base venv")
+            create_venv(python, venv)
+            log(f"installing {lock_path.name} from the wheelhouse")
+            install(venv, lock_path, wheels)
+            _write_manifest(build_dir, key, inputs, lock_path, pins_meta, started)
+            _publish(root, key, build_dir)
+        except BaseException:
+            shutil.rmtree(build_dir, ignore_errors=True)
+            raise
+        log(f"built base {key} in {time.monotonic() - started:.0f} s")
+        return (root / key / "venv").resolve()
+
+
+def _new_build_dir(root: Path, key: str) -> Path:
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    build_dir.chmod(0o755)  # mkdtemp makes it private; the env is for every user
+    return build_dir
+
+
+def _write_manifest(build_dir, key, inputs, lock_path, pins_meta, started) -> None:
+    manifest = {
+        "key": key,
+        "inputs": inputs,
+        "lock": lock_path.name,
+        "vllm_version": pins_meta.vllm_version,
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    (build_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
 def _glibc(pins_meta: meta.Meta) -> tuple[int, int]:
     major, minor = pins_meta.glibc.split(".")
     return int(major), int(minor)
 
 
-def _build_into(layout, python, build_dir, lock_path, wheels, version) -> None:
+def _patch_and_smoke(layout, build_dir, version, base: Path) -> None:
     venv = build_dir / "venv"
-    log("creating venv")
-    create_venv(python, venv)
-    log(f"installing {lock_path.name} from the wheelhouse")
-    install(venv, lock_path, wheels)
     site = site_packages(venv)
     log("copying the pristine vllm tree to stock/")
     copy_pristine(site, build_dir / "stock")
@@ -351,10 +417,13 @@ def _build_into(layout, python, build_dir, lock_path, wheels, version) -> None:
     apply_patches(layout, site)
     problems = record_mismatches(site, build_dir / "stock", version)
     if problems:
+        # The files are shared with the base: it is no longer pristine either.
+        base_link = base.parent.parent / base.parent.name.split(".")[1]
+        base_link.unlink(missing_ok=True)
         raise BuildError(
             "stock/vllm no longer matches the wheel after patching (patches/apply edited "
-            "hard-linked files in place; it must replace files, as GNU patch does): "
-            + "; ".join(problems[:5])
+            "hard-linked files in place; it must replace files, as GNU patch does; the "
+            "shared base was dropped and will be reinstalled): " + "; ".join(problems[:5])
         )
     log("import smoke: patched tree")
     smoke(venv / "bin" / "python", site / "vllm", version, None)

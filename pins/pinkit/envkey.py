@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 """Bump when build-env's steps change what a built env contains."""
 
 _IGNORED_SUFFIXES = (".md", ".pyc")
@@ -33,16 +33,26 @@ def patch_inputs(patches_dir: Path) -> dict[str, str]:
     return inputs
 
 
-def env_key(pins_digest: str, patches: dict[str, str], interpreter: str) -> tuple[str, dict]:
-    """(key, the inputs it was computed from) for one env.
+def base_key(pins_digest: str, interpreter: str) -> tuple[str, dict]:
+    """(key, inputs) of the unpatched install of a lock: the expensive part.
 
     `pins_digest` is lockfile.pins_digest() of the lock: what pip installs.
     """
     inputs = {
         "builder_version": BUILDER_VERSION,
         "pins_sha256": pins_digest,
-        "patches": patches,
         "interpreter": interpreter,
     }
+    return _digest(inputs), inputs
+
+
+def env_key(pins_digest: str, patches: dict[str, str], interpreter: str) -> tuple[str, dict]:
+    """(key, inputs) of a patched env: its base plus the patch inputs."""
+    base, base_inputs = base_key(pins_digest, interpreter)
+    inputs = {**base_inputs, "base": base, "patches": patches}
+    return _digest(inputs), inputs
+
+
+def _digest(inputs: dict) -> str:
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).hexdigest()[:32], inputs
+    return hashlib.sha256(canonical).hexdigest()[:32]
