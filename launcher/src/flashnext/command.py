@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # vllm/envs.py or as EngramConfig fields, never read ad hoc.
 ENV_QSA_OFFLOAD = "VLLM_QSA_KV_OFFLOAD"  # 0020: host K/V arenas on
 ENV_QSA_OFFLOAD_MAX_HOST_BYTES = "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"  # 0020: cap per rank
+ENV_QSA_OFFLOAD_CHUNK_TOKENS = "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS"  # 0020: prefill chunk
 ENGRAM_MMAP_PATH = "mmap_path"  # 0010: EngramConfig field, the PLE table file
 
 
@@ -73,6 +74,7 @@ def build_command(
     if qsa is not None:
         env[ENV_QSA_OFFLOAD] = "1"
         env[ENV_QSA_OFFLOAD_MAX_HOST_BYTES] = str(profile.qsa_offload.max_host_bytes)
+        env[ENV_QSA_OFFLOAD_CHUNK_TOKENS] = str(profile.qsa_offload.chunk_tokens)
     return argv, env
 
 

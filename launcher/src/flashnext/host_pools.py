@@ -26,8 +26,10 @@ def shape_from_text(text: dict[str, Any], num_speculative_tokens: int = 0) -> qs
         linear_key_head_dim=int(text["linear_key_head_dim"]),
         linear_value_head_dim=int(text["linear_value_head_dim"]),
         linear_conv_kernel_dim=int(text["linear_conv_kernel_dim"]),
+        num_attention_heads=int(text["num_attention_heads"]),
         indexer_head_dim=int(text["indexer_head_dim"]),
         indexer_compress_ratio=int(text["indexer_compress_ratio"]),
+        indexer_budget=int(text.get("indexer_budget", 2048)),
         ssm_state_bytes=4 if text.get("mamba_ssm_dtype", "float32") == "float32" else 2,
         num_speculative_tokens=num_speculative_tokens,
     )
@@ -91,12 +93,8 @@ def host_pools(
 
 
 def _block_bytes(shape: qsa_sizing.QsaShape, pools: HostPools) -> int:
-    """VRAM one block costs (what --kv-cache-memory-bytes is divided by)."""
-    return (
-        max(pools.layers_per_rank)
-        * qsa_sizing.offload_vram_bytes_per_token(shape)
-        * (pools.block_tokens)
-    )
+    """VRAM one pool block costs (what --kv-cache-memory-bytes is divided by)."""
+    return qsa_sizing.pool_block_bytes(shape, max(pools.layers_per_rank))
 
 
 def largest_kv_within_host_cap(

@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flashnext import host_pools
+from flashnext import host_pools, qsa_sizing
 from flashnext.facts.model_derived import ple_layer_ids, ple_shard_names
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.partition import pp_layer_ranges, rank_of_layer
@@ -66,6 +66,9 @@ class RankPlan:
     workspace_bytes: int
     pp_buffer_bytes: int
     activation_bytes: int
+    qsa_workspace_bytes: int
+    """Offload prefill buffers and running state (vLLM's profile never counts them);
+    part of activation_bytes, not added to it."""
     kv_cache_bytes: int
     vram_total_bytes: int
     vram_usable_bytes: int
@@ -186,6 +189,17 @@ def weights_per_rank(
     return per_rank, dense, routed
 
 
+def _qsa_workspace_bytes(text: dict[str, Any], profile: Profile) -> int:
+    if not profile.qsa_offload.enabled:
+        return 0
+    return qsa_sizing.offload_workspace_bytes(
+        host_pools.shape_from_text(text),
+        max_num_batched_tokens=profile.scheduler.max_num_batched_tokens,
+        max_num_seqs=profile.scheduler.max_num_seqs,
+        chunk_tokens=profile.qsa_offload.chunk_tokens,
+    )
+
+
 def pp_buffer_for_rank(rank: int, pp_size: int, profile: Profile) -> int:
     """Middle ranks both receive and send hidden states: the measured extra peak."""
     return profile.memory.pp_buffer_bytes if 0 < rank < pp_size - 1 else 0
@@ -222,11 +236,15 @@ def plan(
     if vram_note:
         notes.append(vram_note)
     usable = int(vram_total * profile.memory.gpu_memory_utilization)
+    # The profile's activation reserve is what the seed's cards held beyond
+    # weights and KV, its own offload buffers included; ours must fit in it.
+    qsa_workspace = _qsa_workspace_bytes(text, profile)
+    activation = max(profile.memory.activation_reserve_bytes, qsa_workspace)
     fixed = [
         weights[r]
         + profile.memory.workspace_margin_bytes
         + pp_buffer_for_rank(r, pp, profile)
-        + profile.memory.activation_reserve_bytes
+        + activation
         for r in range(pp)
     ]
     # One --kv-cache-memory-bytes applies to every rank: size it for the
@@ -242,7 +260,8 @@ def plan(
             weight_bytes=weights[r],
             workspace_bytes=profile.memory.workspace_margin_bytes,
             pp_buffer_bytes=pp_buffer_for_rank(r, pp, profile),
-            activation_bytes=profile.memory.activation_reserve_bytes,
+            activation_bytes=activation,
+            qsa_workspace_bytes=qsa_workspace,
             kv_cache_bytes=kv.value,
             vram_total_bytes=vram_total,
             vram_usable_bytes=usable,

@@ -68,7 +68,12 @@ def render_plan(plan: Any) -> None:
                 len(r.qsa_layers),
                 gib(r.weight_bytes),
                 gib(r.kv_cache_bytes),
-                gib(r.workspace_bytes + r.pp_buffer_bytes + r.activation_bytes),
+                gib(
+                    r.workspace_bytes
+                    + r.pp_buffer_bytes
+                    + r.activation_bytes
+                    + r.qsa_workspace_bytes
+                ),
                 gib(r.vram_usable_bytes),
                 gib(r.headroom_bytes),
             )

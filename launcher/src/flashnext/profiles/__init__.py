@@ -81,6 +81,8 @@ class QsaOffloadSpec:
     """Cap on the pinned host K/V arenas of one rank."""
     host_pinning: str
     """"exact" (cudaHostRegister) or "pow2" (PyTorch's pinned allocator rounds up)."""
+    chunk_tokens: int
+    """Tokens per chunk a prefill streams through its VRAM work buffer."""
 
 
 @dataclass(frozen=True)
