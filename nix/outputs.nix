@@ -95,7 +95,10 @@ in
           rich
           nvidia-ml-py
           pytest
+          safetensors
+          numpy
           pip
+          setuptools
         ]
       ))
       pkgs.ruff

@@ -38,6 +38,8 @@ in
     ../launcher
     ../checks/launcher
     ../checks/fixtures
+    # `flashnext report` lists the checkout's patch series.
+    ../patches
   ];
   pinsChecks = source [
     ../pins
