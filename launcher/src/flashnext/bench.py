@@ -18,10 +18,8 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import os
 import random
 import statistics
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -29,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from flashnext.atomic import write_text_atomic
 
 BENCH_SCHEMA_VERSION = 1
 
@@ -426,14 +426,7 @@ def build_result(
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
 
 
 def write_results(out_dir: Path, records: Sequence[StreamRecord], result: dict[str, Any]) -> None:

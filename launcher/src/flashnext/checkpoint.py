@@ -20,20 +20,18 @@ sampling keys only from a source the user names.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import difflib
 import json
-import os
 import re
 import struct
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashnext.atomic import write_text_atomic
 from flashnext.facts.model import CONFIG_FILE, GENERATION_CONFIG_FILE
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import ModelFacts
@@ -748,19 +746,7 @@ def plan_fix(model: ModelFacts, sampling: Mapping[str, Any] | None = None) -> Fi
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
 
 
 def apply_fix(plan: FixPlan) -> list[Path]:

@@ -494,8 +494,8 @@ def facts_command(
     reported as a fact. Exit 0 unless --out cannot be written.
     """
     import os
-    import tempfile
 
+    from flashnext.atomic import write_text_atomic
     from flashnext.facts.collect import collect_host_facts, host_facts_tables
     from flashnext.facts.schema import dumps
     from flashnext.render import emit_json, render_table
@@ -509,15 +509,9 @@ def facts_command(
                 f"directory {directory} does not exist; create it or choose another path",
                 param_hint="--out",
             )
-        # Temp file in the same directory + rename: a reader never sees half a file.
-        fd, tmp = tempfile.mkstemp(prefix=".facts-", suffix=".json", dir=directory)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(dumps(facts))
-            os.replace(tmp, out)
+            write_text_atomic(out, dumps(facts))
         except OSError as exc:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
             raise click.ClickException(f"cannot write {out}: {exc}") from exc
     if as_json:
         emit_json(facts)

@@ -20,12 +20,12 @@ import os
 import platform
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flashnext import VLLM_VERSION, __version__
+from flashnext.atomic import write_text_atomic
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -260,11 +260,4 @@ def build_report(
 def write_report(path: Path, text: str) -> None:
     """Atomic: a reader sees the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashnext.atomic import write_text_atomic
 from flashnext.table.errors import TableError
 from flashnext.table.layout import TableLayout, read_layout
 from flashnext.table.source import ShardReader
@@ -63,13 +64,7 @@ def paths_for(out: Path) -> tuple[Path, Path, Path]:
 
 
 def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as f:
-        json.dump(doc, f, sort_keys=True, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n")
 
 
 def fsync_dir(path: Path) -> None:
