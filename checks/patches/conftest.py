@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +175,15 @@ def pytest_report_header(config: pytest.Config) -> str:
         return "vllm tree: not importable (only tests without proves can run)"
     extra = "" if tree.applied is None else f", {len(tree.applied)} patch(es) applied"
     return f"vllm tree: {tree.kind} {tree.version} at {tree.package_dir}{extra}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_distributed_after_module():
+    """Tests share one process: leave vLLM's process groups as each module found them."""
+    yield
+    helper = sys.modules.get("tiny_qwen4_exp")  # only set up if a test imported it
+    if helper is not None:
+        helper.release_single_process_distributed()
 
 
 @pytest.fixture(scope="session")

@@ -102,8 +102,11 @@ def engine_args(model_dir: Path, **overrides: Any):
     return EngineArgs(**kwargs)
 
 
+_distributed_owned = False  # set when ensure_single_process_distributed set it up
+
+
 def ensure_single_process_distributed() -> None:
-    """World size 1 over gloo (once per process), as a PP=1 CPU worker has."""
+    """World size 1 over gloo, as a PP=1 CPU worker has; kept until released."""
     import tempfile
 
     from vllm.distributed import (
@@ -112,6 +115,7 @@ def ensure_single_process_distributed() -> None:
         parallel_state,
     )
 
+    global _distributed_owned
     if parallel_state.model_parallel_is_initialized():
         return
     fd, init_file = tempfile.mkstemp(prefix="flashnext-dist-")
@@ -124,6 +128,19 @@ def ensure_single_process_distributed() -> None:
         backend="gloo",
     )
     initialize_model_parallel(1, 1)
+    _distributed_owned = True
+
+
+def release_single_process_distributed() -> None:
+    """Undo ensure_single_process_distributed, so other modules may set up their own."""
+    global _distributed_owned
+    if not _distributed_owned:
+        return
+    from vllm.distributed import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+    _distributed_owned = False
 
 
 def build_model(vllm_config, device: str = "meta"):
