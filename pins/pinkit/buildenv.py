@@ -334,7 +334,10 @@ def build(
         build_dir = _new_build_dir(env_root, key)
         try:
             log(f"cloning the base {base.parent.name} (hard links)")
-            venvclone.clone(python, base, build_dir / "venv")
+            try:
+                venvclone.clone(python, base, build_dir / "venv")
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise BuildError(f"cloning the base {base} failed: {exc}") from None
             _patch_and_smoke(layout, build_dir, pins_meta.vllm_version, base)
             _write_manifest(build_dir, key, inputs, lock_path, pins_meta, started)
             _publish(env_root, key, build_dir)

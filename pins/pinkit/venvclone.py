@@ -40,6 +40,9 @@ def _clone_bin(src: Path, dest: Path, old_python: str, new_python: str) -> None:
         if entry.is_symlink():
             os.symlink(os.readlink(entry), target)
             continue
+        if entry.is_dir():  # e.g. bin/__pycache__ from scripts shipped as .py
+            shutil.copytree(entry, target, copy_function=os.link, symlinks=True)
+            continue
         data = entry.read_bytes()
         # pip writes `#!<venv>/bin/python`, or for long paths a /bin/sh
         # preamble that execs it: either way the path is in the first lines.
