@@ -209,7 +209,7 @@ def test_sandbox_checks_run_the_suites(summary):
     assert f"{summary['vllmEnv']['src']}" not in script  # runs the env, not its source
     # A deselected test that was renamed would silently run (and fail) in the sandbox.
     for name, check in checks.items():
-        for path, func in re.findall(r"--deselect (\S+)::(\w+)", check["script"]):
+        for path, func in re.findall(r"--deselect \"?([^\s:]+)::(\w+)", check["script"]):
             assert f"def {func}(" in (REPO / path).read_text(), f"{name}: {path}::{func} is gone"
 
 
