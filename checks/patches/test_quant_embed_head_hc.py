@@ -231,3 +231,36 @@ def test_embed_only_on_first_rank_lm_head_only_on_last(
 
     assert isinstance(lm.model.embed_tokens, PPMissingLayer) == (rank != 0)
     assert isinstance(lm.lm_head, PPMissingLayer) == (rank != 2)
+
+
+@pytest.mark.proves(PATCH, raises=AssertionError)
+def test_mtp_drafter_gets_the_same_treatment(tmp_path: Path, marlin_standin) -> None:
+    import torch
+    from tiny_qwen4_exp import ensure_single_process_distributed
+    from vllm.config import set_current_vllm_config
+
+    model_dir = write_tiny_qwen4_exp(
+        tmp_path / "tiny-qwen4-exp-mtp",
+        text_overrides={"mtp_num_hidden_layers": 1},
+        quantization_config=QUANT_CONFIG,
+    )
+    config = engine_args(
+        model_dir,
+        engram_config={"cpu_offload": False},
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+    ).create_engine_config()
+    with set_current_vllm_config(config):
+        ensure_single_process_distributed()
+        from vllm.models.qwen4_exp.nvidia.mtp import Qwen4ExpMTP
+
+        with torch.device("meta"):
+            mtp = Qwen4ExpMTP(vllm_config=config, prefix="")
+
+    assert _method(mtp.model.embed_tokens) == "CompressedTensorsEmbeddingWNA16Int"
+    assert _method(mtp.lm_head) == "CompressedTensorsLinearMethod"
+    hc = mtp.model.layers[0].attn_hyper_connection
+    assert _method(hc.input_mix_weight_down) == "CompressedTensorsLinearMethod"
+    assert _method(hc.block_inject_weight) == "UnquantizedLinearMethod"
+    assert _method(mtp.model.hyper_connection_mixer.input_mix_weight_down) == (
+        "CompressedTensorsLinearMethod"
+    )
