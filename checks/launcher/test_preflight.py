@@ -67,8 +67,12 @@ def test_each_failure_kind_is_reported_with_a_fix(name, full_skeleton, full_mode
 
 def test_memlock_message_names_the_pinned_bytes(full_skeleton, full_model):
     change = VARIANTS["memlock_64k"][0]
-    f = by_id(run(change(base_facts()), full_skeleton, full_model))["host.memlock"]
-    assert f.measured == "0.00 GiB"
+    a = run(change(base_facts()), full_skeleton, full_model)
+    f = by_id(a)["host.memlock"]
+    assert f.measured == "64 KiB"
+    pinned = a.plan.pinned_bytes_needed
+    assert pinned == a.plan.qsa.total_exact_bytes > 0
+    assert f"pools need {pinned / 2**30:.2f} GiB" in f.message
     assert "--ulimit memlock=-1:-1" in f.fix and "ulimit -l unlimited" in f.fix
 
 

@@ -16,7 +16,7 @@ from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_pres
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
-from flashnext.render import gib
+from flashnext.render import gib, size
 from flashnext.table.storage_policy import storage_refusal
 
 Level = Literal["ok", "warn", "fail"]
@@ -295,7 +295,7 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
         yield Finding(
             "host.shm",
             "fail",
-            gib(mem.shm_total_bytes),
+            size(mem.shm_total_bytes),
             f">= {gib(min_shm)}",
             "/dev/shm is missing or small: NCCL and vLLM's broadcast queues between the "
             "three ranks live there",
@@ -306,7 +306,7 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
 
 
 def _limit(n: int | None) -> str:
-    return "unlimited" if n is None else gib(n)
+    return "unlimited" if n is None else size(n)
 
 
 # ---------------------------------------------------------------- plan

@@ -24,6 +24,17 @@ def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f} GiB"
 
 
+def size(n: int | None) -> str:
+    """Bytes in the unit that keeps small limits readable: "64 KiB", "8 MiB", "3.96 GiB"."""
+    if n is None:
+        return "-"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.0f} {unit}"
+    return f"{n} B"
+
+
 def render_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     table = Table(title=title, title_justify="left", show_lines=False)
     for col in columns:
