@@ -213,3 +213,11 @@ def test_readme_main_command_reports_honestly_on_this_machine(tmp_path):
     assert "gpu.nvml" in out and "NVML" in out
     assert "model.dir" in out and "table.path" in out
     assert "serve: not starting vLLM" in proc.stderr
+
+
+def test_plan_table_ends_with_the_command_on_one_pasteable_line(full_skeleton):
+    args = ["plan", "--facts", BASE_FILE, "--model", full_skeleton, "--table", TABLE]
+    doc = json.loads(invoke(*args, "--json").output)
+    text = invoke(*args).output.rstrip().splitlines()
+    env, argv = split_shell_line(text[-1])
+    assert argv == doc["argv"] and env == doc["env"]

@@ -135,4 +135,5 @@ def render_plan(plan: Any) -> None:
     for note in plan.notes:
         console().print(f"note: {note}")
     console().print("[bold]command:[/]")
-    console().print(shell_line(plan.argv, plan.env), markup=False, highlight=False)
+    # soft_wrap: one physical line, so the command stays pasteable.
+    console().print(shell_line(plan.argv, plan.env), markup=False, highlight=False, soft_wrap=True)
