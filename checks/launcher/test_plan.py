@@ -178,3 +178,14 @@ def test_profile_selection():
     empty = dataclasses.replace(facts, gpu=dataclasses.replace(facts.gpu, devices=()))
     profile, reason = select_profile(empty, None)
     assert profile.name == "3x3090" and "default" in reason
+
+
+def test_a_profile_with_a_typo_is_refused_by_name():
+    from importlib import resources
+
+    from flashnext.profiles import ProfileError, parse_profile
+
+    text = (resources.files("flashnext.profiles") / "3x3090.toml").read_text()
+    broken = text.replace("count = 3", "count = 3\ncuont = 3").replace("min_pcie_gen = 4\n", "")
+    with pytest.raises(ProfileError, match=r"x.toml \[gpu\]: missing min_pcie_gen; unknown cuont"):
+        parse_profile(broken, "x.toml")

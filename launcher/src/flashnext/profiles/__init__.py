@@ -105,16 +105,16 @@ class Profile:
 
 
 def _section(cls: type, doc: dict[str, Any], where: str) -> Any:
+    """One [table] of the TOML as `cls`: every field present, nothing unknown."""
     names = {f.name for f in fields(cls)}
-    missing = sorted(names - set(doc))
-    unknown = sorted(set(doc) - names)
-    if missing or unknown:
-        parts = [f"missing {', '.join(missing)}" if missing else "", ""]
-        if unknown:
-            parts[1] = f"unknown {', '.join(unknown)}"
-        raise ProfileError(f"{where}: {'; '.join(p for p in parts if p)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()}
-    return cls(**values)
+    problems = [
+        f"{label} {', '.join(sorted(keys))}"
+        for label, keys in (("missing", names - set(doc)), ("unknown", set(doc) - names))
+        if keys
+    ]
+    if problems:
+        raise ProfileError(f"{where}: {'; '.join(problems)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
 
 
 def parse_profile(text: str, source: str) -> Profile:
