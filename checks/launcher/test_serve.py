@@ -17,7 +17,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
 from flashnext import serve  # noqa: E402
-from harness import MODEL_NAME, free_port, serve_argv, standin_env, urls  # noqa: E402
+from harness import (  # noqa: E402
+    MODEL_NAME,
+    finish,
+    free_port,
+    read_until,
+    serve_argv,
+    standin_env,
+    urls,
+)
 
 FAST = {"poll_interval_s": 0.05, "progress_interval_s": 0.5, "stop_timeout_s": 5.0}
 
@@ -248,34 +256,6 @@ def start_driver(env_overrides: dict[str, str], stop_timeout_s: float = 5.0):
         [sys.executable, "-c", DRIVER, arg],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The rest of the output once `proc` exits; stop it if it does not (SIGTERM first, so
-    the supervisor takes its server down with it), then fail."""
-    try:
-        return proc.communicate(timeout=timeout_s)[0]
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-
-
-def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 20.0) -> str:
-    seen = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return "".join(seen)
-    proc.kill()
-    raise AssertionError(f"{needle!r} not seen:\n{''.join(seen)}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

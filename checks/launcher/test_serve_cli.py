@@ -11,11 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
-from harness import free_port, standin_env  # noqa: E402
+from harness import finish, free_port, read_until, standin_env  # noqa: E402
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
 TABLE = "/nvme/flashnext/ple-table.bin"  # replayed facts say it is there, on NVMe
@@ -31,38 +30,10 @@ def start_serve(model_dir: Path, port: int, **env: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def finish(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The rest of the output once `proc` exits; stop it if it does not (SIGTERM first, so
-    the supervisor takes its server down with it), then fail."""
-    try:
-        return proc.communicate(timeout=timeout_s)[0]
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-
-
-def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float = 90.0) -> str:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if re.search(pattern, line):
-            return "".join(seen)
-    proc.kill()
-    raise AssertionError(f"{pattern!r} not seen:\n{''.join(seen)}")
-
-
 def test_serve_runs_the_plan_supervised_and_stops_on_sigterm(full_skeleton):
     port = free_port()
     proc = start_serve(full_skeleton, port)
-    seen = read_until(proc, r"flashnext: watching engine processes")
+    seen = read_until(proc, r"flashnext: watching engine processes", timeout_s=90)
     # the child got the plan's command line: PP=3, the planned context, our port
     started = re.search(r"flashnext: starting: (vllm serve .*)\n", seen).group(1)
     assert "--pipeline-parallel-size 3" in started and f"--port {port}" in started
@@ -95,7 +66,7 @@ def test_serve_reads_the_api_key_file(full_skeleton, tmp_path):
         env={**standin_env(), "VLLM_API_KEY": "sekret"},  # the server demands it
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    read_until(proc, r"flashnext: ready: ")
+    read_until(proc, r"flashnext: ready: ", timeout_s=90)
     os.kill(proc.pid, signal.SIGINT)
     out = finish(proc, 60)
     assert proc.returncode == 0, out
