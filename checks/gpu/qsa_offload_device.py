@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "checks" / "qsa"))
 
 from qsa_module import load_offload_module  # noqa: E402
-from reference import bf16_close, make_case, qsa_reference  # noqa: E402
+from reference import bf16_close, make_case  # noqa: E402
 
 m = load_offload_module()
 DEV = torch.device("cuda", 0)
@@ -147,14 +147,7 @@ def correctness_section() -> dict:
             head_dim=D,
             **kw,
         )
-        ref = qsa_reference(
-            case.q,
-            case.kv_cache,
-            case.indices,
-            case.block_table,
-            case.token_to_req,
-            case.gate,
-        )
+        ref = case.reference()
         # The cache lives in a host arena; the metadata on the GPU.
         arena = m.HostArena(tuple(case.kv_cache.shape), torch.bfloat16, DEV)
         arena.host.copy_(case.kv_cache)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from qsa_module import load_offload_module  # noqa: E402
-from reference import bf16_close, make_case, qsa_reference  # noqa: E402
+from reference import bf16_close, make_case  # noqa: E402
 
 m = load_offload_module()
 HEAD_DIM = 32
@@ -49,14 +49,7 @@ def main() -> None:
             dtype=dtype,
             head_dim=HEAD_DIM,
         )
-        ref = qsa_reference(
-            case.q,
-            case.kv_cache,
-            case.indices,
-            case.block_table,
-            case.token_to_req,
-            case.gate,
-        )
+        ref = case.reference()
         ws = m.OffloadWorkspace.allocate(
             max_rows=64,
             num_q_heads=4,

@@ -56,6 +56,12 @@ class Case:
     seq_lens: torch.Tensor  # [requests] int32
     requests: list[tuple[int, int, int, int]]  # (request, row_begin, row_end, context)
 
+    def reference(self) -> torch.Tensor:
+        """The float64 reference output for this case."""
+        return qsa_reference(
+            self.q, self.kv_cache, self.indices, self.block_table, self.token_to_req, self.gate
+        )
+
     def prefill_kwargs(self) -> dict:
         """qsa_offload_prefill's host ints for all rows of the case."""
         return {

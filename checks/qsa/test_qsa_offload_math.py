@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from qsa_module import PATCH, TARGET, extract_new_file
-from reference import bf16_close, make_case, qsa_reference
+from reference import bf16_close, make_case
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,14 +57,7 @@ def test_streamed_prefill_matches_float64_reference(offload, name, chunk):
         width=width,
         empty_rows=empty,
     )
-    ref = qsa_reference(
-        case.q,
-        case.kv_cache,
-        case.indices,
-        case.block_table,
-        case.token_to_req,
-        case.gate,
-    )
+    ref = case.reference()
     out, held = _run_twin(offload, case, chunk)
     ok, worst = bf16_close(out, ref)
     assert ok, f"{name} chunk={chunk}: error {worst:.2f}x the bf16 bound"
@@ -80,14 +73,7 @@ def test_empty_rows_are_exact_zeros(offload):
 def test_reference_is_sensitive_to_the_selection(offload):
     # Guard against a vacuous reference: dropping one selected row changes it.
     case = make_case(seed=9, seq_lens=[64], query_lens=[3], width=32)
-    ref = qsa_reference(
-        case.q,
-        case.kv_cache,
-        case.indices,
-        case.block_table,
-        case.token_to_req,
-        case.gate,
-    )
+    ref = case.reference()
     row = int(torch.argmax((case.indices[:, :-1] >= 0).sum(dim=1)))
     first = int(torch.nonzero(case.indices[row, :-1] >= 0)[0])
     case.indices[row, first] = -1
