@@ -129,6 +129,24 @@ def main() -> None:
                 "ok": int(counter) == context_bytes,
                 "detail": f"read {int(counter)} of context {context_bytes}",
             }
+        # A copy grid smaller than the chunk's tiles: each program walks several.
+        for programs in (1, 3):
+            work = torch.full((32, *case.kv_cache.shape[2:]), float("nan"), dtype=dtype)
+            counter = torch.zeros(1, dtype=torch.int64)
+            request, start, end = 2, 30, 62  # request 2 has 70 tokens: 8 tiles of 4
+            m.qsa_offload_copy_chunk(
+                case.kv_cache, case.block_table, case.seq_lens, request, start, end, work,
+                byte_counter=counter, rows_per_program=4, programs=programs,
+            )  # fmt: skip
+            page = case.kv_cache.shape[1]
+            tokens = torch.arange(start, end)
+            blocks = case.block_table[request, tokens // page].long()
+            expect = case.kv_cache[blocks, tokens % page]
+            results[f"copy-chunk-{tag}-{programs}-programs"] = {
+                "ok": bool(torch.equal(work, expect))
+                and int(counter) == expect.numel() * expect.element_size(),
+                "detail": f"read {int(counter)} bytes",
+            }
     # K/V writes: slots -1 are skipped, others land at block * B + offset.
     arena = torch.zeros(4, 16, 2, 2 * HEAD_DIM, dtype=torch.float32)
     key = torch.randn(5, 2, HEAD_DIM)
