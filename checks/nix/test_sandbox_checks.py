@@ -54,12 +54,16 @@ def sandbox_junit(script: str, src: str, tmp_path: Path) -> Path:
     return junit
 
 
-def failed_ids(junit: Path) -> list[str]:
-    out = []
+def failures(junit: Path) -> dict[str, str]:
+    """Failed or errored test id -> the report pytest wrote for it (its tail)."""
+    out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:
             path = case.get("classname", "").replace(".", "/")
-            out.append(f"{path}.py::{case.get('name')}")
+            report = (bad.text or bad.get("message") or "").strip()
+            out[f"{path}.py::{case.get('name')}"] = report[-3000:]
     return out
 
 
@@ -82,6 +86,7 @@ def test_check_passes_in_a_nix_sandbox(summary, check, tmp_path):
     junit = sandbox_junit(spec["script"], spec["src"], tmp_path)
     tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
     assert tests > 10, f"only {tests} tests ran in the sandbox"
-    failed = failed_ids(junit)
-    sandbox_only = sorted(set(failed) - still_fail_outside(failed))
-    assert not sandbox_only, f"fail only inside the Nix sandbox: {sandbox_only}"
+    failed = failures(junit)
+    sandbox_only = sorted(set(failed) - still_fail_outside(list(failed)))
+    reports = "\n\n".join(f"--- {i}\n{failed[i]}" for i in sandbox_only)
+    assert not sandbox_only, f"fail only inside the Nix sandbox: {sandbox_only}\n{reports}"
