@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def sandbox_junit(script: str, src: str, tmp_path: Path) -> Path:
     }}"""
     visible = sorted({"/bin", "/usr", "/lib", "/lib64", str(prefix), sys.base_prefix})
     config = NIX_CONFIG + "\nsandbox = true\nextra-sandbox-paths = " + " ".join(visible)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     link = tmp_path / "result"
     proc = subprocess.run(
         ["nix", "build", "--impure", "-L", "--out-link", str(link), "--expr", expr],
@@ -83,10 +85,21 @@ def still_fail_outside(ids: list[str]) -> set[str]:
 @pytest.mark.parametrize("check", ["launcher", "pins"])
 def test_check_passes_in_a_nix_sandbox(summary, check, tmp_path):
     spec = summary["checks"][check]
-    junit = sandbox_junit(spec["script"], spec["src"], tmp_path)
+    junit = sandbox_junit(spec["script"], spec["src"], tmp_path / "first")
     tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
     assert tests > 10, f"only {tests} tests ran in the sandbox"
     failed = failures(junit)
     sandbox_only = sorted(set(failed) - still_fail_outside(list(failed)))
+    if sandbox_only:
+        # A sandbox incompatibility fails every time; a failure that a second
+        # sandbox run does not repeat is a flake of the suite (shown, not hidden).
+        again = failures(sandbox_junit(spec["script"], spec["src"], tmp_path / "again"))
+        for test_id in sorted(set(sandbox_only) - set(again)):
+            warnings.warn(
+                f"{test_id} failed once in the Nix sandbox and passed on a second run:\n"
+                f"{failed[test_id]}",
+                stacklevel=1,
+            )
+        sandbox_only = sorted(set(sandbox_only) & set(again))
     reports = "\n\n".join(f"--- {i}\n{failed[i]}" for i in sandbox_only)
     assert not sandbox_only, f"fail only inside the Nix sandbox: {sandbox_only}\n{reports}"
