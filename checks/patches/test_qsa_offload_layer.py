@@ -169,6 +169,26 @@ def test_rebind_releases_the_old_arena_and_the_cap_refuses(offloaded, monkeypatc
 
 
 @pytest.mark.proves(PATCH)
+def test_clearing_the_layer_caches_unpins_the_arena(offloaded):
+    """vLLM's teardown (and its post-profiling cleanup) detach KV through
+    clear_layer_kv_caches; the model outlives the runner, so the arena must be
+    unpinned there, not when the layer is garbage collected."""
+    import vllm.models.qwen4_exp.nvidia.qsa as qsa
+    from vllm.v1.worker.utils import clear_layer_kv_caches
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:  # the cap test left it unbound
+        layer.bind_kv_cache(caches[QSA])
+    arena = layer.host_arena
+    clear_layer_kv_caches([layer, layer])  # a layer can be listed twice (context + modules)
+    assert arena.released and layer.host_arena is None
+    assert layer.kv_cache.numel() == 0 and layer.kv_slot_page is None
+    assert qsa._offload_host_bytes[caches[QSA].device] == 0
+    layer.bind_kv_cache(caches[QSA])  # and it binds again afterwards
+    assert layer.host_arena is not None and not layer.host_arena.released
+
+
+@pytest.mark.proves(PATCH)
 def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
     offloaded, monkeypatch
 ):
