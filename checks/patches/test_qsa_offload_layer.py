@@ -189,6 +189,64 @@ def test_clearing_the_layer_caches_unpins_the_arena(offloaded):
 
 
 @pytest.mark.proves(PATCH)
+def test_jit_warmup_compiles_the_offload_decode_not_the_paged_kernels(offloaded, monkeypatch):
+    """vLLM's QSA JIT warmup (before CUDA graph capture) on an offloaded layer
+    launches the offload decode once per reachable split-K width, on the
+    layer's arena, block table and workspace; the paged kernels never run."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.warmup import qwen4_exp_qsa_warmup
+    from vllm.models.qwen4_exp.nvidia.ops import qsa, qsa_indexer, qsa_offload
+
+    _, _, kv_config, caches, layer = offloaded
+    if layer.host_arena is None:  # the cap test left it unbound
+        layer.bind_kv_cache(caches[QSA])
+    launches = []
+
+    class Recorder:  # a Triton kernel's launch syntax; CPU tensors cannot run it
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+
+    monkeypatch.setattr(qsa_offload, "_attend_kernel", Recorder())
+    monkeypatch.setattr(qsa_offload, "_finalize_kernel", Recorder())
+    monkeypatch.setattr(qsa_indexer, "warmup_qsa_mqa_paged_decode", lambda *a, **k: ())
+    paged = []
+    monkeypatch.setattr(
+        qsa, "warmup_qsa_sparse_paged_attention", lambda *a, **k: paged.append(a) or ()
+    )
+    groups = kv_config.kv_cache_groups
+    tables = [torch.zeros(4, 8, dtype=torch.int32) for _ in groups]
+    runner = SimpleNamespace(
+        kv_cache_config=kv_config,
+        block_tables=SimpleNamespace(input_block_tables=tables),
+        decode_query_len=1,
+        max_num_reqs=4,
+        max_num_tokens=64,
+    )
+    worker = SimpleNamespace(
+        use_v2_model_runner=True,
+        model_runner=runner,
+        get_model=lambda: torch.nn.ModuleList([layer]),
+    )
+    qwen4_exp_qsa_warmup.qwen4_exp_qsa_triton_warmup(worker)
+    assert not paged
+    attends = [(args, kw) for _grid, args, kw in launches if "MODE" in kw]
+    capacity = layer.offload_workspace.row_sum.numel() // layer.num_heads
+    width = layer.indexer.packed_output_width - 1
+    assert sorted(kw["NUM_SPLITS"] for _, kw in attends) == list(
+        qsa_offload.decode_split_variants(capacity, 16, selection_width=width)
+    )
+    assert len(attends) > 1  # this tiny model still reaches several widths
+    group = next(i for i, g in enumerate(groups) if QSA in g.layer_names)
+    for args, kw in attends:
+        assert kw["MODE"] == qsa_offload.MODE_PAGED
+        assert args[1].data_ptr() == layer.host_arena.host.data_ptr()  # K: the arena
+        assert args[4] is tables[group]
+        assert args[6].data_ptr() == layer.offload_workspace.acc.data_ptr()
+
+
+@pytest.mark.proves(PATCH)
 def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
     offloaded, monkeypatch
 ):

@@ -129,6 +129,16 @@ def main() -> None:
                 "ok": int(counter) == context_bytes,
                 "detail": f"read {int(counter)} of context {context_bytes}",
             }
+        # The pre-capture warmup runs every decode variant on an empty selection.
+        head_dim = case.kv_cache.shape[3] // 2
+        warmed = m.warmup_offload_decode(
+            case.kv_cache[..., :head_dim], case.kv_cache[..., head_dim:], case.block_table, ws,
+            num_q_heads=case.q.shape[1], selection_width=24,
+        )  # fmt: skip
+        results[f"decode-warmup-{tag}"] = {
+            "ok": warmed == m.decode_split_variants(64, 16, selection_width=24) == (1, 2),
+            "detail": f"split widths warmed {warmed}",
+        }
         # A copy grid smaller than the chunk's tiles: each program walks several.
         for programs in (1, 3):
             work = torch.full((32, *case.kv_cache.shape[2:]), float("nan"), dtype=dtype)
