@@ -56,11 +56,15 @@ def test_wrong_size_is_refused(checkpoint: Checkpoint, tmp_path: Path) -> None:
     table.write_bytes(checkpoint.flat[:-ROW_BYTES])
     result = _verify(checkpoint, table)
     assert result.exit_code == 1
+    aligned = -(-checkpoint.rows // 12) * 4096
     assert (
         f"Error: {table}: {len(checkpoint.flat) - ROW_BYTES} bytes, expected "
-        f"{len(checkpoint.flat)} ({checkpoint.rows} rows x 160 x BF16)"
+        f"{len(checkpoint.flat)} ({checkpoint.rows} rows x 160 x BF16, packed layout, "
+        f"assumed: no manifest beside it); the table is {len(checkpoint.flat)} bytes packed, "
+        f"{aligned} bytes page-aligned\n"
     ) in result.output
-    assert "fix: flashnext table prepare" in result.output
+    assert "fix: remove it and rerun `flashnext table prepare" in result.output
+    assert "(add --layout page-aligned for the page-aligned layout)" in result.output
 
 
 def test_missing_table_mentions_interrupted_prepare(checkpoint: Checkpoint, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
 from flashnext.render import gib, size
+from flashnext.table.file_layout import both_sizes, layouts_matching
 from flashnext.table.storage_policy import storage_refusal
 
 Level = Literal["ok", "warn", "fail"]
@@ -554,19 +555,28 @@ def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     if inp.table_shape is None:
         return
     rows, cols = inp.table_shape
-    want = rows * cols * 2  # BF16
-    if st.size_bytes != want:
+    row_bytes = cols * 2  # BF16
+    # Either layout `table prepare` writes; vLLM checks the one its manifest names.
+    fits = layouts_matching(st.size_bytes, rows, row_bytes)
+    if not fits:
         yield Finding(
             "table.size",
             "fail",
             f"{st.size_bytes} bytes",
-            f"{want} bytes ([{rows}, {cols}] BF16)",
+            f"{both_sizes(rows, row_bytes)} ([{rows}, {cols}] BF16)",
             f"{inp.table_path} is {st.size_bytes} bytes, not the [{rows}, {cols}] BF16 table "
-            "the model config implies (truncated copy or another model's table)",
-            f"flashnext table prepare --model {inp.model_dir} --out {inp.table_path}",
+            f"the model config implies in either layout ({both_sizes(rows, row_bytes)}): "
+            "a truncated copy or another model's table",
+            f"remove it and rerun `flashnext table prepare --model {inp.model_dir} "
+            f"--out {inp.table_path}` (add --layout page-aligned for the page-aligned layout)",
         )
     else:
-        yield _ok("table.size", f"{want} bytes", f"[{rows}, {cols}] BF16", "exact size")
+        yield _ok(
+            "table.size",
+            f"{st.size_bytes} bytes",
+            f"[{rows}, {cols}] BF16",
+            f"exact size ({fits[0]} layout)",
+        )
 
 
 def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:

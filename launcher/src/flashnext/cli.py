@@ -321,16 +321,33 @@ def table() -> None:
     is_flag=True,
     help="Accept a rotational, network, tmpfs or overlay output filesystem.",
 )
+@click.option(
+    "--layout",
+    "file_layout",
+    type=click.Choice(["packed", "page-aligned"]),
+    default="packed",
+    show_default=True,
+    help="packed: rows back to back (the seed's format). page-aligned: 12 rows per "
+    "4 KiB page plus zero padding, so no row straddles a page: a token's 16 rows "
+    "read at most 64 KiB from disk instead of ~68 KiB, for a 6.7% larger file "
+    "(101.73 vs 95.37 GiB). Recorded in OUT.json; serve and verify read it there.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--chunk-bytes", default=64 << 20, **_HIDDEN_INT)
 @click.option("--sync-bytes", default=1 << 30, **_HIDDEN_INT)
 def table_prepare(
-    model_dir: str, out: str, force: bool, as_json: bool, chunk_bytes: int, sync_bytes: int
+    model_dir: str,
+    out: str,
+    force: bool,
+    file_layout: str,
+    as_json: bool,
+    chunk_bytes: int,
+    sync_bytes: int,
 ) -> None:
     """Copy the PLE shards into one flat file: streaming, resumable, fsync + atomic rename.
 
-    Rerun the same command after an interruption: it checks what was written and
-    continues. Progress goes to stderr.
+    Rerun the same command (same --layout) after an interruption: it checks what
+    was written and continues. Progress goes to stderr.
     """
     from flashnext.render import console, gib
     from flashnext.table import TableError
@@ -346,6 +363,7 @@ def table_prepare(
                 chunk_bytes=chunk_bytes,
                 sync_bytes=sync_bytes,
                 on_progress=on_progress,
+                file_layout=file_layout,
             )
     except TableError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -366,6 +384,7 @@ def table_prepare(
         [
             ("table", result.table),
             ("manifest", result.manifest),
+            ("layout", result.layout),
             ("status", result.status),
             ("size", f"{result.total_bytes} bytes ({gib(result.total_bytes)})"),
             ("resumed from", gib(result.resumed_from_bytes)),
@@ -405,7 +424,9 @@ def table_verify(
 ) -> None:
     """Check the table's size and shape, then compare sampled rows with the shards.
 
-    Exit 1 names the first mismatching row.
+    The layout (packed or page-aligned) is read from the manifest beside the
+    table (TABLE.json); without one the table is taken as packed. Exit 1 names
+    the first mismatching row.
     """
     from dataclasses import asdict
 
@@ -430,11 +451,18 @@ def table_verify(
             [
                 ("table", result.table),
                 ("shape", f"[{result.rows}, {result.dim}] {result.dtype}"),
+                ("layout", result.layout),
                 ("size", f"{result.size_bytes} bytes ({gib(result.size_bytes)})"),
                 ("manifest", result.manifest or "none (size and rows checked only)"),
                 ("rows compared", f"{result.samples} (seed {result.seed})"),
                 ("result", "ok" if result.ok else "MISMATCH"),
             ],
+        )
+    if not result.padding_ok:
+        raise click.ClickException(
+            f"{table_path}: page padding is not zero (not a page-aligned table as prepare "
+            f"writes it)\n  fix: rerun `flashnext table prepare --model {model_dir} --out NEW "
+            "--layout page-aligned` and replace the table"
         )
     m = result.mismatch
     if m is not None:

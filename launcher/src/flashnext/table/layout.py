@@ -19,6 +19,7 @@ from typing import Any
 
 from flashnext.facts.model_derived import ple_table_shape
 from flashnext.table.errors import TableError
+from flashnext.table.file_layout import PACKED, check_layout, table_bytes
 
 # Checkpoint names look like
 # model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_17.weight;
@@ -65,7 +66,12 @@ class TableLayout:
 
     @property
     def total_bytes(self) -> int:
-        return self.rows * self.row_bytes
+        """The rows' bytes as the checkpoint holds them (= the packed file's size)."""
+        return table_bytes(self.rows, self.row_bytes, PACKED)
+
+    def file_bytes(self, file_layout: str) -> int:
+        """Size of the flat file in `file_layout` (packed or page-aligned)."""
+        return table_bytes(self.rows, self.row_bytes, file_layout)
 
     def shard_start_row(self, index: int) -> int:
         return sum(s.rows for s in self.shards[:index])
@@ -96,8 +102,8 @@ class TableLayout:
         h.update(f"{self.dtype}|{self.dim}".encode())
         return h.hexdigest()
 
-    def manifest(self) -> dict[str, Any]:
-        """What the patched vLLM checks beside the flat file (shape, dtype, bytes)."""
+    def manifest(self, file_layout: str = PACKED) -> dict[str, Any]:
+        """What the patched vLLM checks beside the flat file (shape, dtype, layout, bytes)."""
         return {
             "format": "flashnext-ple-table",
             "version": 1,
@@ -106,7 +112,8 @@ class TableLayout:
             "rows": self.rows,
             "dim": self.dim,
             "row_bytes": self.row_bytes,
-            "total_bytes": self.total_bytes,
+            "layout": check_layout(file_layout),
+            "total_bytes": self.file_bytes(file_layout),
             "shards": len(self.shards),
             "shard_rows": self.shards[0].rows,
             "source_identity": self.identity(),

@@ -1,8 +1,11 @@
 """`flashnext table prepare`: the PLE shards → one flat file, streaming, resumable, atomic.
 
+The file is packed (rows back to back, the default) or page-aligned (whole rows
+per 4 KiB page, zero padding; see file_layout.py); the manifest records which.
 Write order, so that a crash at any point leaves something a rerun can trust:
-  data → fdatasync(OUT.partial) → journal OUT.partial.json {identity, committed_bytes}
-  (temp + rename), ..., then manifest OUT.json, rename OUT.partial → OUT, fsync the dir.
+  data → fdatasync(OUT.partial) → journal OUT.partial.json {identity, layout,
+  committed_bytes} (temp + rename), ..., then manifest OUT.json, rename
+  OUT.partial → OUT, fsync the dir.
 A rerun truncates OUT.partial to the journal's committed_bytes (dropping unsynced
 bytes), re-reads the last committed chunk and sampled rows against the shards, and
 continues from there. Memory stays bounded: one chunk in flight at most, and synced
@@ -23,6 +26,15 @@ from typing import Any
 
 from flashnext.atomic import write_text_atomic
 from flashnext.table.errors import TableError
+from flashnext.table.file_layout import (
+    DEFAULT_LAYOUT,
+    PACKED,
+    PAGE_ALIGNED,
+    PAGE_BYTES,
+    check_layout,
+    row_offset,
+    rows_per_page,
+)
 from flashnext.table.layout import TableLayout, read_layout
 from flashnext.table.source import ShardReader
 from flashnext.table.storage_policy import space_refusal, storage_refusal
@@ -40,6 +52,8 @@ Progress = Callable[[int, int], None]
 class PrepareResult:
     table: str
     manifest: str
+    layout: str
+    """"packed" or "page-aligned"."""
     status: str
     """"written" (from scratch), "resumed", or "present" (already complete)."""
     total_bytes: int
@@ -83,12 +97,12 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def check_storage(out: Path, layout: TableLayout, force: bool) -> str | None:
+def check_storage(out: Path, layout: TableLayout, file_layout: str, force: bool) -> str | None:
     """Refuse a bad output filesystem (unless force) or too little space; return the warning."""
     from flashnext.facts.storage import probe_storage  # the one module that reads mounts
 
     facts = probe_storage(str(out.parent))
-    needed = layout.total_bytes - (out.stat().st_size if out.exists() else 0)
+    needed = layout.file_bytes(file_layout) - (out.stat().st_size if out.exists() else 0)
     partial, _, _ = paths_for(out)
     if partial.exists():
         needed -= partial.stat().st_size
@@ -104,8 +118,27 @@ def check_storage(out: Path, layout: TableLayout, force: bool) -> str | None:
     return refusal
 
 
-def _same_bytes(reader: ShardReader, fd: int, offset: int, length: int) -> bool:
-    return os.pread(fd, length, offset) == reader.read(offset, length)
+def _same_row(reader: ShardReader, fd: int, row: int, file_layout: str) -> bool:
+    rb = reader.layout.row_bytes
+    return os.pread(fd, rb, row_offset(row, rb, file_layout)) == reader.read_row(row)
+
+
+def _write_unit(file_layout: str) -> int:
+    """Page-aligned files are built page by page: chunks and commits fall on page ends."""
+    return 1 if file_layout == PACKED else PAGE_BYTES
+
+
+def chunk_step(chunk_bytes: int, file_layout: str) -> int:
+    """Bytes per write: chunk_bytes, rounded down to whole pages for page-aligned files."""
+    unit = _write_unit(file_layout)
+    return max(chunk_bytes // unit, 1) * unit
+
+
+def rows_in_prefix(layout: TableLayout, file_layout: str, nbytes: int) -> int:
+    """Rows wholly inside the first `nbytes` of the file."""
+    if file_layout == PACKED:
+        return nbytes // layout.row_bytes
+    return min(layout.rows, nbytes // PAGE_BYTES * rows_per_page(layout.row_bytes))
 
 
 def _lock(fd: int, partial: Path) -> None:
@@ -126,31 +159,61 @@ def _remove_stale_temps(out: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+def refuse_other_layout(doc: dict[str, Any] | None, file_layout: str, partial: Path) -> None:
+    """A partial file of the other layout is never extended: its bytes sit elsewhere.
+
+    Not silently restarted either (hours of copying): the user picks.
+    """
+    if not doc or not partial.exists() or partial.stat().st_size == 0:
+        return
+    written = _journal_layout(doc)
+    if written != file_layout and doc.get("committed_bytes"):
+        raise TableError(
+            f"{partial} was written with --layout {written}, this run asks for "
+            f"--layout {file_layout}; its bytes cannot be continued in the other layout",
+            fix=f"rerun with --layout {written} to resume it, or remove {partial} "
+            f"(and {partial.name}.json) to start over in {file_layout}",
+        )
+
+
+def _journal_layout(doc: dict[str, Any]) -> str:
+    return doc.get("layout", PACKED)  # journals from before layouts existed: packed
+
+
 def committed_prefix(
-    layout: TableLayout, partial: Path, journal: Path, identity: str, chunk_bytes: int
+    layout: TableLayout,
+    file_layout: str,
+    partial: Path,
+    journal: Path,
+    identity: str,
+    chunk_bytes: int,
 ) -> int:
     """How many bytes of OUT.partial a rerun may keep: journal-backed and re-checked."""
     doc = _read_json(journal)
     if not doc or doc.get("identity") != identity or not partial.exists():
         return 0
+    if _journal_layout(doc) != file_layout:
+        return 0  # prepare_table refused before; an empty partial starts over
     committed = doc.get("committed_bytes")
-    if not isinstance(committed, int) or not 0 <= committed <= layout.total_bytes:
+    total = layout.file_bytes(file_layout)
+    if not isinstance(committed, int) or not 0 < committed <= total:
         return 0
     if partial.stat().st_size < committed:
         return 0
-    if committed == 0:
-        return 0
+    unit = _write_unit(file_layout)
+    if committed % unit:
+        return 0  # an aligned file is only ever committed at page ends
     fd = os.open(partial, os.O_RDONLY)
     try:
         with ShardReader(layout) as reader:
-            tail = min(chunk_bytes, committed)
-            if not _same_bytes(reader, fd, committed - tail, tail):
+            start = committed - min(chunk_step(chunk_bytes, file_layout), committed)
+            want = reader.file_range(file_layout, start, committed - start)
+            if os.pread(fd, committed - start, start) != want:
                 return 0
             rng = random.Random(committed)
-            rows = committed // layout.row_bytes
+            rows = rows_in_prefix(layout, file_layout, committed)
             for _ in range(min(RESUME_SAMPLE_ROWS, rows)):
-                off = rng.randrange(rows) * layout.row_bytes
-                if not _same_bytes(reader, fd, off, layout.row_bytes):
+                if not _same_row(reader, fd, rng.randrange(rows), file_layout):
                     return 0
     finally:
         os.close(fd)
@@ -173,8 +236,34 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) ->
         done += got
 
 
+def _copy_packed(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeback) -> None:
+    """File bytes = checkpoint bytes: copy shard spans kernel-side."""
+    for shard, inner, length in reader.spans(pos, n):
+        src = reader.fd_for(shard)
+        src_off = shard.data_offset_bytes + inner
+        _copy_range(src, src_off, dst_fd, pos, length)
+        # The shards are read once; keep them from crowding the page cache.
+        os.posix_fadvise(src, src_off, length, os.POSIX_FADV_DONTNEED)
+        wb.written(pos, length)
+        pos += length
+
+
+def _write_aligned(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeback) -> None:
+    """Whole pages: the rows that fall in them, then each page's zero padding."""
+    data = memoryview(reader.file_range(PAGE_ALIGNED, pos, n))
+    per = rows_per_page(reader.layout.row_bytes)
+    first_row = pos // PAGE_BYTES * per
+    rows = min(reader.layout.rows - first_row, n // PAGE_BYTES * per)
+    reader.drop_cache(first_row * reader.layout.row_bytes, rows * reader.layout.row_bytes)
+    done = 0
+    while done < n:
+        done += os.pwrite(dst_fd, data[done:], pos + done)
+    wb.written(pos, n)
+
+
 def _stream(
     layout: TableLayout,
+    file_layout: str,
     dst_fd: int,
     start: int,
     journal: Path,
@@ -183,29 +272,30 @@ def _stream(
     sync_bytes: int,
     on_progress: Progress | None,
 ) -> None:
-    total = layout.total_bytes
+    total = layout.file_bytes(file_layout)
+    step = chunk_step(chunk_bytes, file_layout)
+    write = _copy_packed if file_layout == PACKED else _write_aligned
     since_sync = 0
     writeback = Writeback(dst_fd)
     with ShardReader(layout) as reader:
         pos = start
         while pos < total:
-            n = min(chunk_bytes, total - pos)
-            for shard, inner, length in reader.spans(pos, n):
-                src = reader.fd_for(shard)
-                src_off = shard.data_offset_bytes + inner
-                _copy_range(src, src_off, dst_fd, pos, length)
-                # The shards are read once; keep them from crowding the page cache.
-                os.posix_fadvise(src, src_off, length, os.POSIX_FADV_DONTNEED)
-                writeback.written(pos, length)
-                pos += length
+            n = min(step, total - pos)
+            write(reader, dst_fd, pos, n, writeback)
+            pos += n
             since_sync += n
             if since_sync >= sync_bytes or pos == total:
                 writeback.finish()
                 os.fdatasync(dst_fd)
-                write_json_atomic(journal, {"identity": identity, "committed_bytes": pos})
+                _commit(journal, identity, file_layout, pos)
                 since_sync = 0
             if on_progress:
                 on_progress(pos, total)
+
+
+def _commit(journal: Path, identity: str, file_layout: str, committed: int) -> None:
+    doc = {"identity": identity, "layout": file_layout, "committed_bytes": committed}
+    write_json_atomic(journal, doc)
 
 
 def prepare_table(
@@ -216,8 +306,14 @@ def prepare_table(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sync_bytes: int = DEFAULT_SYNC_BYTES,
     on_progress: Progress | None = None,
+    file_layout: str = DEFAULT_LAYOUT,
 ) -> PrepareResult:
+    """Write the flat table in `file_layout` ("packed" or "page-aligned")."""
     t0 = time.monotonic()
+    try:
+        check_layout(file_layout)
+    except ValueError as exc:
+        raise TableError(str(exc), fix="pass --layout packed or --layout page-aligned") from exc
     layout = read_layout(model_dir)
     out = Path(out).absolute()
     if not out.parent.is_dir():
@@ -226,37 +322,32 @@ def prepare_table(
         raise TableError(f"{out} is a directory", fix="pass --out a file path, e.g. DIR/ple.bin")
     partial, journal, manifest_path = paths_for(out)
     identity = layout.identity()
-    manifest = layout.manifest()
+    manifest = layout.manifest(file_layout)
+    total = layout.file_bytes(file_layout)
 
     if out.exists():
-        present = _read_json(manifest_path)
-        if (
-            present
-            and present.get("source_identity") == identity
-            and out.stat().st_size == layout.total_bytes
-        ):
+        if _is_present(out, manifest_path, identity, file_layout, total):
             return PrepareResult(
-                str(out), str(manifest_path), "present", layout.total_bytes,
-                layout.total_bytes, 0, time.monotonic() - t0, None,
+                str(out), str(manifest_path), file_layout, "present", total, total, 0,
+                time.monotonic() - t0, None,
             )  # fmt: skip
-        raise TableError(
-            f"{out} exists but is not this checkpoint's table (no matching {manifest_path.name})",
-            fix=f"check it with `flashnext table verify --model {model_dir} --table {out}`, "
-            "or remove it and rerun prepare",
-        )
+        raise _existing_out_error(out, manifest_path, identity, file_layout, model_dir)
 
-    warning = check_storage(out, layout, force)
+    refuse_other_layout(_read_json(journal), file_layout, partial)
+    warning = check_storage(out, layout, file_layout, force)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         _lock(fd, partial)
         _remove_stale_temps(out)
-        resume = committed_prefix(layout, partial, journal, identity, chunk_bytes)
+        refuse_other_layout(_read_json(journal), file_layout, partial)  # now under the lock
+        resume = committed_prefix(layout, file_layout, partial, journal, identity, chunk_bytes)
         os.ftruncate(fd, resume)  # drop whatever was written after the last sync
         if resume == 0:
-            write_json_atomic(journal, {"identity": identity, "committed_bytes": 0})
+            _commit(journal, identity, file_layout, 0)
         if on_progress:
-            on_progress(resume, layout.total_bytes)
-        _stream(layout, fd, resume, journal, identity, chunk_bytes, sync_bytes, on_progress)
+            on_progress(resume, total)
+        _stream(layout, file_layout, fd, resume, journal, identity, chunk_bytes, sync_bytes,
+                on_progress)  # fmt: skip
         os.fsync(fd)
         write_json_atomic(manifest_path, manifest)
         os.replace(partial, out)
@@ -267,10 +358,43 @@ def prepare_table(
     return PrepareResult(
         str(out),
         str(manifest_path),
+        file_layout,
         "resumed" if resume else "written",
-        layout.total_bytes,
+        total,
         resume,
-        layout.total_bytes - resume,
+        total - resume,
         time.monotonic() - t0,
         warning,
+    )
+
+
+def _is_present(
+    out: Path, manifest_path: Path, identity: str, file_layout: str, total: int
+) -> bool:
+    """OUT is already this checkpoint's table in this layout (a finished earlier run)."""
+    present = _read_json(manifest_path)
+    return bool(
+        present
+        and present.get("source_identity") == identity
+        and present.get("layout", PACKED) == file_layout
+        and out.stat().st_size == total
+    )
+
+
+def _existing_out_error(
+    out: Path, manifest_path: Path, identity: str, file_layout: str, model_dir: object
+) -> TableError:
+    """Why an existing OUT is left alone, and what to do."""
+    present = _read_json(manifest_path) or {}
+    written = present.get("layout", PACKED)
+    if present.get("source_identity") == identity and written != file_layout:
+        return TableError(
+            f"{out} is this checkpoint's table in the {written} layout, not {file_layout}",
+            fix=f"keep it (serve reads the layout from {manifest_path.name}), or remove "
+            f"{out} and {manifest_path.name} and rerun prepare with --layout {file_layout}",
+        )
+    return TableError(
+        f"{out} exists but is not this checkpoint's table (no matching {manifest_path.name})",
+        fix=f"check it with `flashnext table verify --model {model_dir} --table {out}`, "
+        "or remove it and rerun prepare",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from flashnext.table.file_layout import PACKED, PAGE_BYTES, rows_per_page
 from flashnext.table.layout import PleShard, TableLayout
 
 
@@ -49,6 +50,34 @@ class ShardReader:
     def read_row(self, row: int) -> bytes:
         rb = self.layout.row_bytes
         return self.read(row * rb, rb)
+
+    def drop_cache(self, offset: int, length: int) -> None:
+        """The shards are read once; keep them from crowding the page cache."""
+        for shard, inner, n in self.spans(offset, length):
+            os.posix_fadvise(self._fd(shard), shard.data_offset_bytes + inner, n,
+                             os.POSIX_FADV_DONTNEED)  # fmt: skip
+
+    def file_range(self, file_layout: str, offset: int, length: int) -> bytes | bytearray:
+        """What bytes [offset, offset + length) of the flat file in `file_layout` must hold.
+
+        Page-aligned ranges start on a page and cover whole pages (the last
+        page of the file is whole too: rows, then zeros).
+        """
+        if file_layout == PACKED:
+            return self.read(offset, length)
+        if offset % PAGE_BYTES or length % PAGE_BYTES:
+            raise ValueError(f"page-aligned range {offset}+{length} is not whole pages")
+        rb = self.layout.row_bytes
+        per = rows_per_page(rb)
+        first = offset // PAGE_BYTES * per
+        last = min(self.layout.rows, first + length // PAGE_BYTES * per)
+        rows = memoryview(self.read(first * rb, max(last - first, 0) * rb))
+        out = bytearray(length)  # zeros: the padding, and pages past the last row
+        filled = per * rb
+        for page, src in enumerate(range(0, len(rows), filled)):
+            piece = rows[src : src + filled]
+            out[page * PAGE_BYTES : page * PAGE_BYTES + len(piece)] = piece
+        return out
 
     def fd_for(self, shard: PleShard) -> int:
         return self._fd(shard)

@@ -1,4 +1,8 @@
-"""`flashnext table verify`: size and shape, then random rows byte-compared with the shards."""
+"""`flashnext table verify`: size and shape, then random rows byte-compared with the shards.
+
+The file's layout (packed or page-aligned) comes from its manifest; a table
+without one is taken as packed (the seed's format).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashnext.table.errors import TableError
+from flashnext.table.file_layout import (
+    LAYOUTS,
+    PACKED,
+    PAGE_BYTES,
+    both_sizes,
+    layouts_matching,
+    row_offset,
+    rows_per_page,
+)
 from flashnext.table.layout import TableLayout, read_layout
 from flashnext.table.prepare import paths_for
 from flashnext.table.source import ShardReader
@@ -29,6 +42,8 @@ class VerifyResult:
     rows: int
     dim: int
     dtype: str
+    layout: str
+    """"packed" or "page-aligned" (from the manifest; packed without one)."""
     total_bytes: int
     size_bytes: int
     manifest: str | None
@@ -36,10 +51,12 @@ class VerifyResult:
     samples: int
     seed: int
     mismatch: RowMismatch | None
+    padding_ok: bool = True
+    """Page-aligned: the padding of the first and last page is zero."""
 
     @property
     def ok(self) -> bool:
-        return self.mismatch is None
+        return self.mismatch is None and self.padding_ok
 
 
 def sample_rows(layout: TableLayout, samples: int, seed: int) -> list[int]:
@@ -54,20 +71,65 @@ def sample_rows(layout: TableLayout, samples: int, seed: int) -> list[int]:
     return ends[: min(samples, 2)] + [rng.randrange(layout.rows) for _ in range(samples - 2)]
 
 
-def _check_manifest(layout: TableLayout, manifest: Path) -> None:
+def _read_manifest(manifest: Path) -> dict:
     try:
         doc = json.loads(manifest.read_text())
     except (OSError, ValueError) as exc:
         raise TableError(
             f"{manifest}: unreadable ({exc})", fix="rerun `flashnext table prepare`"
         ) from exc
-    want = layout.manifest()
+    if not isinstance(doc, dict):
+        raise TableError(f"{manifest}: not a JSON object", fix="rerun `flashnext table prepare`")
+    return doc
+
+
+def manifest_layout(doc: dict, manifest: Path) -> str:
+    """The file layout a manifest records; manifests from before layouts existed: packed."""
+    file_layout = doc.get("layout", PACKED)
+    if file_layout not in LAYOUTS:
+        raise TableError(
+            f"{manifest}: layout is {file_layout!r}, expected one of {', '.join(LAYOUTS)}",
+            fix="rerun `flashnext table prepare` (with --layout packed or page-aligned)",
+        )
+    return file_layout
+
+
+def _check_manifest(layout: TableLayout, doc: dict, manifest: Path, file_layout: str) -> None:
+    want = layout.manifest(file_layout)
     for key in ("dtype", "rows", "dim", "row_bytes", "total_bytes"):
         if doc.get(key) != want[key]:
             raise TableError(
                 f"{manifest}: {key} is {doc.get(key)!r}, the checkpoint implies {want[key]!r}",
                 fix="rerun `flashnext table prepare` for this checkpoint",
             )
+
+
+def _size_error(
+    path: Path, size: int, layout: TableLayout, file_layout: str, has_manifest: bool
+) -> TableError:
+    """The size is wrong for the layout: name both layouts' sizes, and the one it fits."""
+    source = "per its manifest" if has_manifest else "assumed: no manifest beside it"
+    fits = layouts_matching(size, layout.rows, layout.row_bytes)
+    hint = f"; the size is the {fits[0]} one: its manifest is missing or stale" if fits else ""
+    return TableError(
+        f"{path}: {size} bytes, expected {layout.file_bytes(file_layout)} "
+        f"({layout.rows} rows x {layout.dim} x {layout.dtype}, {file_layout} layout, {source}); "
+        f"the table is {both_sizes(layout.rows, layout.row_bytes)}{hint}",
+        fix=f"remove it and rerun `flashnext table prepare --model {layout.model_dir} "
+        f"--out {path}` (add --layout page-aligned for the page-aligned layout)",
+    )
+
+
+def _zero_padding(fd: int, layout: TableLayout, size: int) -> bool:
+    """Page-aligned: the bytes after the rows of the first and last page are zero."""
+    per = rows_per_page(layout.row_bytes)
+    for page in sorted({0, size // PAGE_BYTES - 1}):
+        rows_here = min(per, layout.rows - page * per)
+        start = page * PAGE_BYTES + rows_here * layout.row_bytes
+        length = (page + 1) * PAGE_BYTES - start
+        if os.pread(fd, length, start) != bytes(length):
+            return False
+    return True
 
 
 def verify_table(
@@ -88,30 +150,36 @@ def verify_table(
             f"{path}: no such file{hint}",
             fix=f"flashnext table prepare --model {model_dir} --out {path}",
         )
-    size = path.stat().st_size
-    if size != layout.total_bytes:
-        raise TableError(
-            f"{path}: {size} bytes, expected {layout.total_bytes} "
-            f"({layout.rows} rows x {layout.dim} x {layout.dtype})",
-            fix=f"flashnext table prepare --model {model_dir} --out {path}",
-        )
     manifest = paths_for(path.absolute())[2]
-    if manifest.exists():
-        _check_manifest(layout, manifest)
+    doc = _read_manifest(manifest) if manifest.exists() else None
+    file_layout = manifest_layout(doc, manifest) if doc is not None else PACKED
+    size = path.stat().st_size
+    if size != layout.file_bytes(file_layout):
+        raise _size_error(path, size, layout, file_layout, doc is not None)
+    if doc is not None:
+        _check_manifest(layout, doc, manifest, file_layout)
     seed = random.SystemRandom().randrange(1 << 32) if seed is None else seed
-    mismatch = None
-    rb = layout.row_bytes
     fd = os.open(path, os.O_RDONLY)
     try:
-        with ShardReader(layout) as reader:
-            for row in sample_rows(layout, samples, seed):
-                if os.pread(fd, rb, row * rb) != reader.read_row(row):
-                    shard, inner = layout.locate(row)
-                    mismatch = RowMismatch(row, shard.index, inner, shard.name, row * rb)
-                    break
+        mismatch = _first_mismatch(fd, layout, file_layout, sample_rows(layout, samples, seed))
+        padding_ok = file_layout == PACKED or _zero_padding(fd, layout, size)
     finally:
         os.close(fd)
     return VerifyResult(
-        str(path), layout.rows, layout.dim, layout.dtype, layout.total_bytes, size,
-        str(manifest) if manifest.exists() else None, samples, seed, mismatch,
+        str(path), layout.rows, layout.dim, layout.dtype, file_layout,
+        layout.file_bytes(file_layout), size, str(manifest) if doc is not None else None,
+        samples, seed, mismatch, padding_ok,
     )  # fmt: skip
+
+
+def _first_mismatch(
+    fd: int, layout: TableLayout, file_layout: str, rows: list[int]
+) -> RowMismatch | None:
+    rb = layout.row_bytes
+    with ShardReader(layout) as reader:
+        for row in rows:
+            offset = row_offset(row, rb, file_layout)
+            if os.pread(fd, rb, offset) != reader.read_row(row):
+                shard, inner = layout.locate(row)
+                return RowMismatch(row, shard.index, inner, shard.name, offset)
+    return None
