@@ -272,6 +272,129 @@ def test_manifest_dtype_mismatch_is_refused(ple: PleTable, dist, tmp_path: Path)
         _ngram_embedding(_config(ple, mmap_path=str(table)))
 
 
+# ---------------------------------------------------------------- page-aligned layout
+
+PAGE = 4096
+
+
+@pytest.fixture(scope="module")
+def ple320(tmp_path_factory: pytest.TempPathFactory) -> PleTable:
+    """The tiny model with the real table's rows: 160 BF16 = 320 bytes (12 per page + 256)."""
+    table = write_ple_table(tmp_path_factory.mktemp("ple320"), ple_embed_dim=160 * 16, seed=3)
+    assert (table.dim, table.heads) == (160, 16)
+    return table
+
+
+def _write_aligned(ple: PleTable, path: Path, *, drop_pages: int = 0) -> int:
+    """The page-aligned file of the tiny table, by hand: whole rows per page, zeros after.
+
+    Returns rows per page. The manifest beside it names the layout, as
+    `flashnext table prepare --layout page-aligned` writes it.
+    """
+    import torch
+
+    flat = torch.cat(ple.shards).view(torch.uint8).numpy().tobytes()
+    row_bytes = ple.dim * 2
+    per = PAGE // row_bytes
+    pages = []
+    for start in range(0, len(flat), per * row_bytes):
+        body = flat[start : start + per * row_bytes]
+        pages.append(body + bytes(PAGE - len(body)))
+    path.write_bytes(b"".join(pages[: len(pages) - drop_pages]))
+    manifest = {"rows": ple.rows, "dim": ple.dim, "dtype": "BF16", "layout": "page-aligned"}
+    path.with_name(path.name + ".json").write_text(json.dumps(manifest))
+    return per
+
+
+@pytest.mark.proves(PATCH)
+def test_page_aligned_table_gathers_the_checkpoint_rows(
+    ple320: PleTable, dist, tmp_path: Path
+) -> None:
+    import torch
+
+    table_path = tmp_path / "aligned.bin"
+    per = _write_aligned(ple320, table_path)
+    assert per == 12 and ple320.dim * 2 == 320  # the real table's geometry
+    module = _ngram_embedding(_config(ple320, mmap_path=str(table_path)))
+    table = module.ngram_embedding
+    pages = table_path.stat().st_size // PAGE
+    # A strided view of the mapping: [pages, 12, dim], page stride 4096 bytes.
+    assert tuple(table.weight.shape) == (pages, per, ple320.dim)
+    assert table.weight.stride() == (PAGE // 2, ple320.dim, 1)
+    mapping_addr = ctypes.addressof(ctypes.c_char.from_buffer(table._mapping))
+    assert table.weight.data_ptr() == mapping_addr
+    flat = torch.cat(ple320.shards)
+    gen = torch.Generator().manual_seed(2)
+    # 1 token, a decode batch, and a prefill chunk past the parallel threshold.
+    for tokens in (1, 7, 80):
+        ids = torch.randint(0, ple320.rows, (tokens, ple320.heads), generator=gen)
+        edges = [0, per - 1, per, ple320.shards[0].shape[0], ple320.rows - 1]
+        ids.view(-1)[: len(edges)] = torch.tensor(edges)[: ids.numel()]
+        table.gather_rows(ids)
+        got = table.prepared_rows(tokens)
+        want = flat[ids.view(-1)].view(tokens, -1)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.proves(PATCH)
+def test_page_aligned_forward_matches_the_packed_one(ple320: PleTable, dist, tmp_path) -> None:
+    import torch
+
+    table_path = tmp_path / "aligned.bin"
+    _write_aligned(ple320, table_path)
+    packed = _ngram_embedding(_config(ple320, mmap_path=str(ple320.table_path)))
+    aligned = _ngram_embedding(_config(ple320, mmap_path=str(table_path)))
+    for seed in range(2):
+        input_ids, qsl, context = _batch(seed)
+        hidden = torch.zeros(input_ids.shape[0], 8, dtype=torch.bfloat16)
+        for module in (packed, aligned):
+            module.prepare_host_rows(input_ids, qsl, context)
+        want = packed(hidden, input_ids, qsl, context)
+        got = aligned(hidden, input_ids, qsl, context)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.proves(PATCH)
+def test_wrong_size_page_aligned_table_is_refused(ple320: PleTable, dist, tmp_path: Path) -> None:
+    table_path = tmp_path / "aligned.bin"
+    per = _write_aligned(ple320, table_path, drop_pages=1)
+    pages = -(-ple320.rows // per)
+    expected = pages * PAGE
+    message = (
+        f"PLE table file {table_path} is {expected - PAGE} bytes, but this model's n-gram "
+        f"table is {ple320.rows} rows x {ple320.dim} x torch.bfloat16 in the page-aligned layout "
+        f"(per {table_path}.json) = {pages} pages of 4096 = {expected} bytes. "
+        f"Write it from this checkpoint with `flashnext table prepare --model "
+        f"<checkpoint dir> --out {table_path}` (then `flashnext table verify`). "
+        f"(In the packed layout it would be {ple320.rows * ple320.dim * 2} bytes.)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _ngram_embedding(_config(ple320, mmap_path=str(table_path)))
+
+
+@pytest.mark.proves(PATCH)
+def test_packed_size_with_a_page_aligned_manifest_is_refused(
+    ple320: PleTable, dist, tmp_path: Path
+) -> None:
+    """The manifest decides the layout: a packed file under an aligned manifest is refused."""
+    table = tmp_path / "ple.bin"
+    os.link(ple320.table_path, table)
+    manifest = {"rows": ple320.rows, "dim": ple320.dim, "dtype": "BF16", "layout": "page-aligned"}
+    (tmp_path / "ple.bin.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"in the page-aligned layout \(per .*ple.bin.json\)"):
+        _ngram_embedding(_config(ple320, mmap_path=str(table)))
+
+
+@pytest.mark.proves(PATCH)
+def test_unknown_layout_in_the_manifest_is_refused(ple320: PleTable, dist, tmp_path: Path) -> None:
+    table = tmp_path / "ple.bin"
+    os.link(ple320.table_path, table)
+    manifest = {"rows": ple320.rows, "dim": ple320.dim, "dtype": "BF16", "layout": "striped"}
+    (tmp_path / "ple.bin.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"names layout 'striped'; this vLLM reads 'packed' and"):
+        _ngram_embedding(_config(ple320, mmap_path=str(table)))
+
+
 class _CountingSafeOpen:
     """safetensors.safe_open, recording which tensors are materialized (get_tensor)."""
 
