@@ -302,3 +302,17 @@ def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) ->
     assert bad.level == "fail"
     assert f"{rows * 320} bytes packed, {-(-rows // 12) * 4096} bytes page-aligned" in bad.message
     assert "--layout page-aligned" in bad.fix
+
+
+def test_foreign_partial_of_the_other_layout_starts_over(tmp_path: Path) -> None:
+    """Only a resumable partial (same checkpoint) is protected; another one is rewritten."""
+    ckpt = make_checkpoint(tmp_path / "model", shards=4, vocab_base=128, seed=5)
+    out = tmp_path / "ple.bin"
+    (tmp_path / "ple.bin.partial").write_bytes(ckpt.flat[:4096])
+    (tmp_path / "ple.bin.partial.json").write_text(
+        json.dumps({"identity": "0" * 64, "layout": "packed", "committed_bytes": 4096})
+    )
+    result = _prepare(ckpt, out, "--layout", "page-aligned", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["resumed_from_bytes"] == 0
+    assert out.read_bytes() == aligned_bytes(ckpt.flat)

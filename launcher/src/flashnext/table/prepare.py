@@ -159,12 +159,16 @@ def _remove_stale_temps(out: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def refuse_other_layout(doc: dict[str, Any] | None, file_layout: str, partial: Path) -> None:
-    """A partial file of the other layout is never extended: its bytes sit elsewhere.
+def refuse_other_layout(
+    doc: dict[str, Any] | None, identity: str, file_layout: str, partial: Path
+) -> None:
+    """A resumable partial file of the other layout is never extended: its bytes sit elsewhere.
 
     Not silently restarted either (hours of copying): the user picks.
     """
-    if not doc or not partial.exists() or partial.stat().st_size == 0:
+    if not doc or doc.get("identity") != identity:
+        return  # not resumable anyway (another checkpoint): it starts over
+    if not partial.exists() or partial.stat().st_size == 0:
         return
     written = _journal_layout(doc)
     if written != file_layout and doc.get("committed_bytes"):
@@ -333,13 +337,13 @@ def prepare_table(
             )  # fmt: skip
         raise _existing_out_error(out, manifest_path, identity, file_layout, model_dir)
 
-    refuse_other_layout(_read_json(journal), file_layout, partial)
+    refuse_other_layout(_read_json(journal), identity, file_layout, partial)
     warning = check_storage(out, layout, file_layout, force)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         _lock(fd, partial)
         _remove_stale_temps(out)
-        refuse_other_layout(_read_json(journal), file_layout, partial)  # now under the lock
+        refuse_other_layout(_read_json(journal), identity, file_layout, partial)  # locked now
         resume = committed_prefix(layout, file_layout, partial, journal, identity, chunk_bytes)
         os.ftruncate(fd, resume)  # drop whatever was written after the last sync
         if resume == 0:
