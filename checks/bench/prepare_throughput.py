@@ -129,27 +129,32 @@ def main() -> int:
         shutil.rmtree(out)
         return n, seconds
 
-    def prepare_arm() -> tuple[int, float]:
+    def prepare_arm(file_layout: str = "packed") -> tuple[int, float]:
         table = args.dir / "ple-prepared.bin"
         for p in (table, *paths_for(table)):
             p.unlink(missing_ok=True)
         drop_cache(files)
-        result = prepare_table(model, table, force=True)
+        result = prepare_table(model, table, force=True, file_layout=file_layout)
         # A fast copy of the wrong bytes would be no result: sample rows.
         check = verify_table(model, table, samples=4096)
         if not check.ok:
             raise SystemExit(f"prepared table differs from the shards: {check.mismatch}")
         for p in (table, *paths_for(table)):
             p.unlink(missing_ok=True)
-        return result.copied_bytes, result.seconds
+        # The checkpoint's bytes, not the file's: a page-aligned file also
+        # holds padding, which must not count as throughput.
+        return SHARDS * rows_per_shard * ROW_BYTES, result.seconds
 
     # Interleaved, twice each: the disk (and a VM host's cache below it) warms
     # up over a run; the faster of each arm's two tries is compared.
-    runs = {"plain_copy": [], "cp": [], "prepare": []}
+    # prepare_aligned writes 6.7% more bytes (page padding); every rate counts
+    # the checkpoint's bytes.
+    runs = {"plain_copy": [], "cp": [], "prepare": [], "prepare_aligned": []}
     for _ in range(2):
         runs["plain_copy"].append(copy_arm())
         runs["cp"].append(cp_arm())
         runs["prepare"].append(prepare_arm())
+        runs["prepare_aligned"].append(prepare_arm("page-aligned"))
     best = {k: max(n / s for n, s in v) for k, v in runs.items()}
     doc = {
         arm: {"tries": [{"bytes": n, "seconds": s, "bytes_per_second": n / s} for n, s in v],
@@ -159,6 +164,7 @@ def main() -> int:
     # Against the faster of the two copies: the bar the tool has to clear.
     baseline = max(best["plain_copy"], best["cp"])
     doc["prepare_over_copy"] = best["prepare"] / baseline
+    doc["prepare_aligned_over_copy"] = best["prepare_aligned"] / baseline
     doc["goal"] = 0.8
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
@@ -169,7 +175,8 @@ def main() -> int:
             rates = ", ".join(f"{n / s / mib:.0f}" for n, s in tries)
             print(f"{arm:>10}: {tries[0][0] / mib:.0f} MiB, MiB/s per try: {rates}")
         print(
-            f"prepare / fastest plain copy = {doc['prepare_over_copy']:.2f} "
+            f"prepare / fastest plain copy = {doc['prepare_over_copy']:.2f}, "
+            f"page-aligned prepare / fastest plain copy = {doc['prepare_aligned_over_copy']:.2f} "
             "(best of 2 tries each, interleaved)"
         )
     return 0

@@ -29,7 +29,6 @@ from flashnext.table.errors import TableError
 from flashnext.table.file_layout import (
     DEFAULT_LAYOUT,
     PACKED,
-    PAGE_ALIGNED,
     PAGE_BYTES,
     check_layout,
     row_offset,
@@ -253,16 +252,58 @@ def _copy_packed(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeba
 
 
 def _write_aligned(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeback) -> None:
-    """Whole pages: the rows that fall in them, then each page's zero padding."""
-    data = memoryview(reader.file_range(PAGE_ALIGNED, pos, n))
-    per = rows_per_page(reader.layout.row_bytes)
+    """Whole pages: the rows that fall in them, then each page's zero padding.
+
+    Vectored writes straight from the mapped shards: per page a view of its
+    rows and one of the padding, so Python copies nothing (building pages in
+    a buffer ran at half the speed of a packed prepare).
+    """
+    rb = reader.layout.row_bytes
+    per = rows_per_page(rb)
     first_row = pos // PAGE_BYTES * per
-    rows = min(reader.layout.rows - first_row, n // PAGE_BYTES * per)
-    reader.drop_cache(first_row * reader.layout.row_bytes, rows * reader.layout.row_bytes)
-    done = 0
-    while done < n:
-        done += os.pwrite(dst_fd, data[done:], pos + done)
+    rows = max(0, min(reader.layout.rows - first_row, n // PAGE_BYTES * per))
+    pieces = _page_pieces(reader.views(first_row * rb, rows * rb), per * rb, n // PAGE_BYTES)
+    _pwritev_all(dst_fd, pieces, pos)
+    del pieces  # the views pin the mappings
+    reader.drop_cache(first_row * rb, rows * rb)
     wb.written(pos, n)
+
+
+_ZEROS = memoryview(bytes(PAGE_BYTES))
+
+
+def _page_pieces(rows: list[memoryview], filled: int, pages: int) -> list[memoryview]:
+    """Cut the rows' views at every `filled` bytes and put a page's padding after each."""
+    pieces: list[memoryview] = []
+    views = iter(rows)
+    current = next(views, None)
+    for _ in range(pages):
+        need = filled
+        while need and current is not None:
+            take = current[:need]
+            pieces.append(take)
+            need -= len(take)
+            current = current[len(take) :]
+            if not len(current):
+                current = next(views, None)
+        pieces.append(_ZEROS[: PAGE_BYTES - (filled - need)])
+    return pieces
+
+
+def _pwritev_all(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """Write `pieces` back to back at `offset`: pwritev in batches of at most
+    IOV_MAX buffers, resuming after a short write."""
+    iov_max = os.sysconf("SC_IOV_MAX")
+    pending = [p for p in pieces if len(p)]
+    i = 0
+    while i < len(pending):
+        done = os.pwritev(fd, pending[i : i + iov_max], offset)
+        offset += done
+        while i < len(pending) and done >= len(pending[i]):
+            done -= len(pending[i])
+            i += 1
+        if done:  # a buffer written in part: write its rest next
+            pending[i] = pending[i][done:]
 
 
 def _stream(

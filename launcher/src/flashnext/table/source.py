@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ class ShardReader:
     def __init__(self, layout: TableLayout) -> None:
         self.layout = layout
         self._fds: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap] = {}
         starts, offset = [], 0
         for shard in layout.shards:
             starts.append(offset)
@@ -46,6 +48,26 @@ class ShardReader:
                 raise OSError(f"{shard.file}: short read at {shard.data_offset_bytes + inner}")
             parts.append(data)
         return b"".join(parts)
+
+    def views(self, offset: int, length: int) -> list[memoryview]:
+        """The flat byte range as zero-copy views of the shard files (mapped read-only).
+
+        A write from these views copies page cache to page cache once; read()
+        copies into a buffer first. Drop the views before close().
+        """
+        out = []
+        for shard, inner, n in self.spans(offset, length):
+            start = shard.data_offset_bytes + inner
+            out.append(memoryview(self._map(shard))[start : start + n])
+        return out
+
+    def _map(self, shard: PleShard) -> mmap.mmap:
+        mapping = self._maps.get(shard.file)
+        if mapping is None:
+            mapping = mmap.mmap(self._fd(shard), 0, access=mmap.ACCESS_READ)
+            mapping.madvise(mmap.MADV_SEQUENTIAL)  # read once, front to back
+            self._maps[shard.file] = mapping
+        return mapping
 
     def read_row(self, row: int) -> bytes:
         rb = self.layout.row_bytes
@@ -83,6 +105,9 @@ class ShardReader:
         return self._fd(shard)
 
     def close(self) -> None:
+        for mapping in self._maps.values():
+            mapping.close()
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
