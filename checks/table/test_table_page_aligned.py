@@ -8,10 +8,6 @@ the tools shows up as a byte mismatch.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +15,11 @@ from click.testing import CliRunner
 from flashnext.cli import main
 from flashnext.facts.storage import probe_storage
 from flashnext.table.file_layout import row_offset, rows_per_page, table_bytes
-from flashnext.table.storage_policy import storage_refusal
 from ple_checkpoint import ROW_BYTES, Checkpoint, make_checkpoint
+from prepare_helpers import force_if_needed, kill_mid_copy
 
 PAGE = 4096
 PER_PAGE = 12  # 12 x 320 = 3840 bytes of rows, 256 bytes of padding
-CLI = "from flashnext.cli import main; main()"
 
 
 def aligned_bytes(flat: bytes) -> bytes:
@@ -37,14 +32,9 @@ def aligned_bytes(flat: bytes) -> bytes:
     return b"".join(pages)
 
 
-def _force(out_dir: Path) -> list[str]:
-    """This disk may be one prepare refuses (CI VMs report virtio disks as rotational)."""
-    return ["--force"] if storage_refusal(probe_storage(str(out_dir))) else []
-
-
 def _prepare(ckpt: Checkpoint, out: Path, *extra: str):
     args = ["table", "prepare", "--model", str(ckpt.path), "--out", str(out), *extra]
-    return CliRunner().invoke(main, [*args, *_force(out.parent)])
+    return CliRunner().invoke(main, [*args, *force_if_needed(out.parent)])
 
 
 def _verify(ckpt: Checkpoint, table: Path, *extra: str):
@@ -188,31 +178,6 @@ def test_unknown_layout_in_the_manifest_is_refused(checkpoint: Checkpoint, tmp_p
     )
 
 
-def _journal_bytes(journal: Path) -> int:
-    try:
-        return json.loads(journal.read_text())["committed_bytes"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def _kill_mid_copy(ckpt: Checkpoint, out: Path, *extra: str) -> int:
-    """Start prepare in a subprocess, SIGKILL it after >= 4 MiB are committed."""
-    journal = out.with_name(out.name + ".partial.json")
-    argv = [sys.executable, "-c", CLI, "table", "prepare", "--model", str(ckpt.path),
-            "--out", str(out), "--chunk-bytes", str(1 << 20), "--sync-bytes", str(1 << 20),
-            *extra, *_force(out.parent)]  # fmt: skip
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while _journal_bytes(journal) < (4 << 20) and child.poll() is None:
-        assert time.monotonic() < deadline, "prepare made no progress"
-        time.sleep(0.002)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL, "prepare finished before the kill"
-    assert not out.exists()
-    return _journal_bytes(journal)
-
-
 @pytest.fixture
 def big(tmp_path: Path) -> Checkpoint:
     # 64 MiB of rows, synced every 1 MiB: the kill lands mid-copy.
@@ -221,7 +186,7 @@ def big(tmp_path: Path) -> Checkpoint:
 
 def test_killed_aligned_prepare_resumes(big: Checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "ple.bin"
-    committed = _kill_mid_copy(big, out, "--layout", "page-aligned")
+    committed = kill_mid_copy(big, out, "--layout", "page-aligned")
     want = aligned_bytes(big.flat)
     assert 0 < committed < len(want) and committed % PAGE == 0
     journal = json.loads((tmp_path / "ple.bin.partial.json").read_text())
@@ -240,7 +205,7 @@ def test_killed_aligned_prepare_resumes(big: Checkpoint, tmp_path: Path) -> None
 def test_partial_of_the_other_layout_is_not_resumed(big: Checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "ple.bin"
     partial = tmp_path / "ple.bin.partial"
-    _kill_mid_copy(big, out)  # packed
+    kill_mid_copy(big, out)  # packed
     kept = partial.read_bytes()
     result = _prepare(big, out, "--layout", "page-aligned")
     assert result.exit_code == 1
@@ -281,7 +246,6 @@ def test_corrupt_aligned_partial_is_rewritten(tmp_path: Path) -> None:
 def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) -> None:
     """preflight's table.size check, on the facts of a real file of each size."""
     from flashnext.checks import PreflightInput, _table_size
-    from flashnext.facts.storage import probe_storage
 
     rows, cols = 2816, 160
     findings = {}

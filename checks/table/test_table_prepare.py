@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from flashnext.cli import main
 from flashnext.facts.storage import probe_storage
-from flashnext.table.storage_policy import storage_refusal
 from ple_checkpoint import Checkpoint, make_checkpoint
-
-CLI = "from flashnext.cli import main; main()"
+from prepare_helpers import force_if_needed, kill_mid_copy
 
 
 def _prepare(ckpt: Checkpoint, out: Path, *extra: str):
@@ -26,14 +20,9 @@ def _prepare(ckpt: Checkpoint, out: Path, *extra: str):
     return CliRunner().invoke(main, args)
 
 
-def _force_if_needed(out_dir: Path) -> list[str]:
-    """This disk may be one prepare refuses (CI VMs report virtio disks as rotational)."""
-    return ["--force"] if storage_refusal(probe_storage(str(out_dir))) else []
-
-
 def test_prepare_writes_the_shards_in_order(checkpoint: Checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "ple.bin"
-    result = _prepare(checkpoint, out, "--json", *_force_if_needed(tmp_path))
+    result = _prepare(checkpoint, out, "--json", *force_if_needed(tmp_path))
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["status"] == "written" and doc["resumed_from_bytes"] == 0
@@ -47,7 +36,7 @@ def test_prepare_writes_the_shards_in_order(checkpoint: Checkpoint, tmp_path: Pa
 
 def test_second_run_sees_the_table_present(checkpoint: Checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "ple.bin"
-    force = _force_if_needed(tmp_path)
+    force = force_if_needed(tmp_path)
     assert _prepare(checkpoint, out, *force).exit_code == 0
     result = _prepare(checkpoint, out, "--json", *force)
     assert result.exit_code == 0, result.output
@@ -57,7 +46,7 @@ def test_second_run_sees_the_table_present(checkpoint: Checkpoint, tmp_path: Pat
 def test_foreign_file_at_out_is_not_overwritten(checkpoint: Checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "ple.bin"
     out.write_bytes(b"precious")
-    result = _prepare(checkpoint, out, *_force_if_needed(tmp_path))
+    result = _prepare(checkpoint, out, *force_if_needed(tmp_path))
     assert result.exit_code == 1
     assert f"Error: {out} exists but is not this checkpoint's table" in result.output
     assert out.read_bytes() == b"precious"
@@ -81,35 +70,16 @@ def test_missing_out_dir_says_mkdir(checkpoint: Checkpoint, tmp_path: Path) -> N
     assert f"fix: mkdir -p {tmp_path / 'nope'}" in result.output
 
 
-def _journal_bytes(journal: Path) -> int:
-    try:
-        return json.loads(journal.read_text())["committed_bytes"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def test_killed_prepare_resumes(tmp_path: Path) -> None:
     # 64 MiB of rows, synced every 1 MiB: the kill lands mid-copy.
     ckpt = make_checkpoint(tmp_path / "model", shards=16, vocab_base=13_000, seed=7)
     out = tmp_path / "ple.bin"
     journal = tmp_path / "ple.bin.partial.json"
-    argv = [sys.executable, "-c", CLI, "table", "prepare", "--model", str(ckpt.path),
-            "--out", str(out), "--chunk-bytes", str(1 << 20), "--sync-bytes", str(1 << 20),
-            *_force_if_needed(tmp_path)]  # fmt: skip
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while _journal_bytes(journal) < (4 << 20) and child.poll() is None:
-        assert time.monotonic() < deadline, "prepare made no progress"
-        time.sleep(0.002)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL, "prepare finished before the kill"
-    assert not out.exists()
-    committed = _journal_bytes(journal)
+    committed = kill_mid_copy(ckpt, out)
     assert 0 < committed < len(ckpt.flat)
 
     result = _prepare(ckpt, out, "--json", "--chunk-bytes", str(1 << 20),
-                      *_force_if_needed(tmp_path))  # fmt: skip
+                      *force_if_needed(tmp_path))  # fmt: skip
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["status"] == "resumed"
@@ -132,7 +102,7 @@ def test_corrupt_partial_is_rewritten_not_extended(tmp_path: Path) -> None:
     (tmp_path / "ple.bin.partial.json").write_text(
         json.dumps({"identity": identity, "committed_bytes": half})
     )
-    result = _prepare(ckpt, out, "--json", *_force_if_needed(tmp_path))
+    result = _prepare(ckpt, out, "--json", *force_if_needed(tmp_path))
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["status"] == "written" and doc["resumed_from_bytes"] == 0
@@ -146,7 +116,7 @@ def test_partial_from_another_checkpoint_is_not_extended(tmp_path: Path) -> None
     (tmp_path / "ple.bin.partial.json").write_text(
         json.dumps({"identity": "0" * 64, "committed_bytes": 4096})
     )
-    result = _prepare(ckpt, out, "--json", *_force_if_needed(tmp_path))
+    result = _prepare(ckpt, out, "--json", *force_if_needed(tmp_path))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["resumed_from_bytes"] == 0
     assert out.read_bytes() == ckpt.flat
@@ -161,7 +131,7 @@ def test_prepare_and_verify_the_tiny_skeleton(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     write_skeleton(model, "tiny")
     out = tmp_path / "ple.bin"
-    result = _prepare(Checkpoint(model, 0, 0, b""), out, "--json", *_force_if_needed(tmp_path))
+    result = _prepare(Checkpoint(model, 0, 0, b""), out, "--json", *force_if_needed(tmp_path))
     assert result.exit_code == 0, result.output
     layout = read_layout(model)
     with ShardReader(layout) as reader:
@@ -191,7 +161,7 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(
     partial = tmp_path / "ple.bin.partial"
     with partial.open("wb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what a running prepare holds
-        result = _prepare(checkpoint, out, *_force_if_needed(tmp_path))
+        result = _prepare(checkpoint, out, *force_if_needed(tmp_path))
     assert result.exit_code == 1
     assert f"Error: another `flashnext table prepare` is writing {partial}" in result.output
     assert not out.exists()
@@ -201,6 +171,6 @@ def test_temp_files_of_a_killed_run_are_cleaned(checkpoint: Checkpoint, tmp_path
     stale = [tmp_path / ".ple.bin.partial.json.4242.tmp", tmp_path / ".ple.bin.json.4242.tmp"]
     for path in stale:
         path.write_text("{")
-    result = _prepare(checkpoint, tmp_path / "ple.bin", *_force_if_needed(tmp_path))
+    result = _prepare(checkpoint, tmp_path / "ple.bin", *force_if_needed(tmp_path))
     assert result.exit_code == 0, result.output
     assert not any(p.exists() for p in stale)
