@@ -20,10 +20,26 @@ launcher_venv() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
       setuptools wheel "$repo/launcher${extras:+[$extras]}" >&2 || return 1
     "$venv/bin/pip" uninstall --quiet --yes flashnext >&2 || return 1
+    printf '%s\n' "$repo" > "$venv/.checkout"
     touch "$venv/.complete"
+    prune_launcher_venvs
   fi
   # Editable, no deps: a few hundred ms, and always this checkout's code.
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
     -e "$repo/launcher" >&2 || return 1
   echo "$venv"
+}
+
+# A venv per checkout: drop those whose checkout is gone (a deleted clone),
+# ~100 MB each. Only venvs that recorded their checkout are touched.
+prune_launcher_venvs() {
+  local marker checkout
+  for marker in "$FLASHNEXT_CACHE"/launcher/*/.checkout; do
+    [ -e "$marker" ] || continue
+    checkout=$(head -n 1 "$marker")
+    if [ -n "$checkout" ] && [ ! -e "$checkout/launcher/pyproject.toml" ]; then
+      echo "flashnext: removing the launcher venv of the deleted checkout $checkout" >&2
+      rm -rf "$(dirname "$marker")"
+    fi
+  done
 }
