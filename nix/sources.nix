@@ -38,6 +38,8 @@ in
     ../launcher
     ../checks/launcher
     ../checks/fixtures
+    # The bootstrap's venv cache (checks/launcher/test_launcher_venv_cache.py).
+    ../checks/lib.sh
     # `flashnext report` lists the checkout's patch series.
     ../patches
   ];
