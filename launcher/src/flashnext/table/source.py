@@ -9,6 +9,8 @@ from pathlib import Path
 from flashnext.table.file_layout import PACKED, PAGE_BYTES, rows_per_page
 from flashnext.table.layout import PleShard, TableLayout
 
+_ZEROS = memoryview(bytes(PAGE_BYTES))
+
 
 class ShardReader:
     """Random access to the table as it lies in the checkpoint; one fd per shard file."""
@@ -79,27 +81,44 @@ class ShardReader:
             os.posix_fadvise(self._fd(shard), shard.data_offset_bytes + inner, n,
                              os.POSIX_FADV_DONTNEED)  # fmt: skip
 
-    def file_range(self, file_layout: str, offset: int, length: int) -> bytes | bytearray:
-        """What bytes [offset, offset + length) of the flat file in `file_layout` must hold.
-
-        Page-aligned ranges start on a page and cover whole pages (the last
-        page of the file is whole too: rows, then zeros).
-        """
+    def file_range(self, file_layout: str, offset: int, length: int) -> bytes:
+        """What bytes [offset, offset + length) of the flat file in `file_layout` must hold."""
         if file_layout == PACKED:
             return self.read(offset, length)
+        return b"".join(self.page_views(offset, length))
+
+    def page_rows(self, offset: int, length: int) -> tuple[int, int]:
+        """(first row, row count) of the page-aligned file's whole pages in the range."""
         if offset % PAGE_BYTES or length % PAGE_BYTES:
             raise ValueError(f"page-aligned range {offset}+{length} is not whole pages")
+        per = rows_per_page(self.layout.row_bytes)
+        first = offset // PAGE_BYTES * per
+        return first, max(0, min(self.layout.rows - first, length // PAGE_BYTES * per))
+
+    def page_views(self, offset: int, length: int) -> list[memoryview]:
+        """Bytes [offset, offset + length) of the page-aligned file as zero-copy pieces:
+        per page, views of its rows in the mapped shards, then its zero padding.
+
+        The range covers whole pages (the file's last page is whole too: rows,
+        then zeros). Drop the views before close().
+        """
         rb = self.layout.row_bytes
         per = rows_per_page(rb)
-        first = offset // PAGE_BYTES * per
-        last = min(self.layout.rows, first + length // PAGE_BYTES * per)
-        rows = memoryview(self.read(first * rb, max(last - first, 0) * rb))
-        out = bytearray(length)  # zeros: the padding, and pages past the last row
-        filled = per * rb
-        for page, src in enumerate(range(0, len(rows), filled)):
-            piece = rows[src : src + filled]
-            out[page * PAGE_BYTES : page * PAGE_BYTES + len(piece)] = piece
-        return out
+        first, rows = self.page_rows(offset, length)
+        views = iter(self.views(first * rb, rows * rb))
+        current = next(views, None)
+        pieces: list[memoryview] = []
+        for _ in range(length // PAGE_BYTES):
+            need = per * rb
+            while need and current is not None:
+                take = current[:need]
+                pieces.append(take)
+                need -= len(take)
+                current = current[len(take) :]
+                if not len(current):
+                    current = next(views, None)
+            pieces.append(_ZEROS[: PAGE_BYTES - (per * rb - need)])
+        return pieces
 
     def fd_for(self, shard: PleShard) -> int:
         return self._fd(shard)
