@@ -555,18 +555,7 @@ def prefill_section(quick: bool) -> dict:
         out[f"peak/chunks{n_chunks}/extra_bytes_during_pass"] = (
             torch.cuda.max_memory_allocated(DEV) - base
         )
-    out["peak/workspace_bytes"] = sum(
-        t.numel() * t.element_size()
-        for t in (
-            ws.chunk,
-            ws.acc,
-            ws.row_max,
-            ws.row_sum,
-            ws.selection,
-            ws.selection_sorted,
-            ws.selection_order,
-        )
-    )
+    out["peak/workspace_bytes"] = ws.nbytes()
     arena.release()
     return out
 
