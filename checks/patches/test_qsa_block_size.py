@@ -21,32 +21,24 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
 from flashnext import qsa_sizing  # noqa: E402
+from flashnext.skeleton.configs import full_text_config  # noqa: E402
 
 PATCH = "0020-qsa-offload-block-size.patch"
 
-# The shipped text_config's shapes that the block arithmetic reads.
+# The shipped text_config's shapes that the block arithmetic reads, from the
+# launcher's skeleton (the one place the kit writes them down).
+_SHIPPED = full_text_config()
 REAL_SHAPES = {
-    "hidden_size": 2560,
-    "num_hidden_layers": 48,
-    "full_attention_interval": 4,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "partial_rotary_factor": 0.25,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "indexer_n_heads": 4,
-    "indexer_kv_heads": 1,
-    "indexer_head_dim": 128,
-    "indexer_budget": 2048,
-    "indexer_compress_ratio": 4,
-    "mamba_ssm_dtype": "float32",
-    "hc_count": 4,
-    "hc_lowrank": 320,
-}
+    key: _SHIPPED[key]
+    for key in (
+        "hidden_size", "num_hidden_layers", "full_attention_interval",
+        "num_attention_heads", "num_key_value_heads", "head_dim",
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "indexer_n_heads",
+        "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio",
+        "mamba_ssm_dtype", "hc_count", "hc_lowrank",
+    )
+} | {"partial_rotary_factor": _SHIPPED["rope_parameters"]["partial_rotary_factor"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
