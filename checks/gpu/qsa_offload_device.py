@@ -250,15 +250,45 @@ def correctness_section() -> dict:
     return out
 
 
-# Decode runs as a CUDA graph when served (FULL_DECODE_ONLY), so it is timed
-# as one: calls captured back to back, no Python launch gaps between them.
-# Each captured call reads a different selection, and the selections of one
-# graph cover more than the L2, so no row is served from cache twice.
-DECODE_ROTATION_BYTES = 128 * 2**20
+# Decode is served as a CUDA graph (FULL_DECODE_ONLY), so each call is timed
+# as a graph replay. The GPU caches host reads in its L2 (a 64k-token arena
+# then reads at ~10x PCIe speed when calls repeat), while served decode
+# meets a cold L2: every other layer's work runs between two reads of a
+# layer's K/V. So the L2 is flushed before each timed call; the flush also
+# keeps the GPU busy while the call is launched, so no launch gap is timed.
+DECODE_SELECTIONS = 8
 
 
-def capture(calls) -> torch.cuda.CUDAGraph:
-    """One CUDA graph of ``calls`` run back to back (warmed up outside it)."""
+class ColdTimer:
+    """Seconds of single launches, each after the GPU's L2 was overwritten."""
+
+    def __init__(self) -> None:
+        l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
+        self.flush = torch.empty(max(4 * l2, 256 * 2**20), dtype=torch.uint8, device=DEV)
+
+    def samples(self, launches, count: int) -> list[float]:
+        """``count`` timed launches, cycling through ``launches``."""
+        for launch in launches:
+            launch()
+        torch.cuda.synchronize(DEV)
+        pairs = []
+        for i in range(count):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            self.flush.zero_()
+            start.record()
+            launches[i % len(launches)]()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize(DEV)
+        return [start.elapsed_time(end) / 1e3 for start, end in pairs]
+
+    def median(self, launches, count: int) -> float:
+        return statistics.median(self.samples(launches, count))
+
+
+def graphs_of(calls) -> list:
+    """One CUDA graph per call (each warmed up outside capture); their replays."""
     side = torch.cuda.Stream(DEV)
     side.wait_stream(torch.cuda.current_stream(DEV))
     with torch.cuda.stream(side):
@@ -266,61 +296,23 @@ def capture(calls) -> torch.cuda.CUDAGraph:
             call()
     torch.cuda.current_stream(DEV).wait_stream(side)
     torch.cuda.synchronize(DEV)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
+    graphs = []
+    for call in calls:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             call()
-    torch.cuda.synchronize(DEV)
-    return graph
+        graphs.append(graph)
+    return [graph.replay for graph in graphs]
 
 
-def per_call(graph: torch.cuda.CUDAGraph, calls: int, replays: int = 2) -> float:
-    """Seconds per captured call over ``replays`` back-to-back replays."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (calls * replays)
-
-
-def graph_median(calls, samples: int) -> tuple[float, torch.cuda.CUDAGraph]:
-    graph = capture(calls)
-    per_call(graph, len(calls))
-    return statistics.median(per_call(graph, len(calls)) for _ in range(samples)), graph
-
-
-def h2d_per_call(copies, samples: int) -> float:
-    """Seconds per pinned H2D copy, ``copies`` issued back to back.
-
-    Issuing a copy costs a few microseconds, far less than the copy, so the
-    copy engine never waits between them; no graph is needed.
-    """
-    for copy in copies:
-        copy()
-    torch.cuda.synchronize(DEV)
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for copy in copies:
-            copy()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(copies))
-    return statistics.median(times)
-
-
-def fastest(configs: dict, make_calls, samples: int):
-    """(seconds, config, graph) of the config whose captured calls run fastest."""
+def fastest(timer: ColdTimer, configs: dict, make_calls, count: int):
+    """(seconds, config name, graph replays) of the fastest of ``configs``."""
     best = None
     for name, kwargs in configs.items():
-        t, graph = graph_median(make_calls(**kwargs), samples)
+        replays = graphs_of(make_calls(**kwargs))
+        t = timer.median(replays, count)
         if best is None or t < best[0]:
-            best = (t, name, graph)
-        else:
-            del graph
+            best = (t, name, replays)
     return best
 
 
@@ -328,8 +320,8 @@ def decode_section(quick: bool) -> dict:
     """Per-layer decode: UVA attention, UVA gather, staged CPU gather, vs H2D copy.
 
     Configs are chosen per context; then the chosen graphs of every context
-    and the H2D reference are replayed in interleaved rounds, so a drift of
-    the host link during the run hits every context alike.
+    and the H2D reference run in interleaved rounds, so a drift of the host
+    link during the run hits every context alike.
     """
     out: dict = {}
     contexts = [65536, 262144, 1048576]
@@ -342,7 +334,8 @@ def decode_section(quick: bool) -> dict:
         dtype=torch.bfloat16,
         device=DEV,
     )
-    samples, rounds = (5, 5) if quick else (9, 15)
+    count, rounds = (8, 5) if quick else (16, 15)
+    timer = ColdTimer()
     arenas = {context: make_arena(context, seed=context) for context in contexts}
     attention_configs = {
         f"splits{s}/block_n{b}": {"splits": s, "block_n": b}
@@ -360,13 +353,12 @@ def decode_section(quick: bool) -> dict:
         o = torch.empty_like(q)
         req = torch.zeros(rows, dtype=torch.int32, device=DEV)
         nbytes = rows * WIDTH * TOKEN_BYTES
-        rotation = max(4, -(-DECODE_ROTATION_BYTES // nbytes))
-        out[f"rows{rows}/calls_per_graph"] = rotation
-        # H2D sources registered the way the arena is (exact size, THP).
-        sources = m.HostArena((rotation, rows * WIDTH, HKV, 2 * D), torch.bfloat16, DEV)
+        # H2D reference: pinned sources registered the way the arena is.
+        sources = m.HostArena((DECODE_SELECTIONS, rows * WIDTH, HKV, 2 * D), torch.bfloat16, DEV)
         h2d_dst = torch.empty(rows * WIDTH, HKV, 2 * D, dtype=torch.bfloat16, device=DEV)
         h2d_copies = [
-            partial(h2d_dst.copy_, sources.host[i], non_blocking=True) for i in range(rotation)
+            partial(h2d_dst.copy_, sources.host[i], non_blocking=True)
+            for i in range(DECODE_SELECTIONS)
         ]
         dense = torch.empty(rows, WIDTH, HKV, 2 * D, dtype=torch.bfloat16, device=DEV)
         staging = torch.empty(rows * WIDTH, HKV, 2 * D, dtype=torch.bfloat16).pin_memory()
@@ -376,7 +368,7 @@ def decode_section(quick: bool) -> dict:
             kv = arena.device_view
             picks = [
                 selection(rows, context, seed=rows * 7 + context + 1009 * i)
-                for i in range(rotation)
+                for i in range(DECODE_SELECTIONS)
             ]
             key = f"rows{rows}/ctx{context}"
 
@@ -396,20 +388,20 @@ def decode_section(quick: bool) -> dict:
                     partial(m.qsa_offload_gather, kv, idx, table, req, dense, **kw) for idx in picks
                 ]
 
-            _t, attention_name, attention_graph = fastest(attention_configs, decode_calls, samples)
-            _t, gather_name, gather_graph = fastest(gather_configs, gather_calls, samples)
+            _t, attention_name, attention = fastest(timer, attention_configs, decode_calls, count)
+            _t, gather_name, gather = fastest(timer, gather_configs, gather_calls, count)
             out[f"{key}/uva_attention_config"] = attention_configs[attention_name]
             out[f"{key}/uva_gather_config"] = gather_configs[gather_name]
-            chosen[context] = (attention_graph, gather_graph)
-            attend_dense, _graph = graph_median(
-                [
-                    partial(m.qsa_offload_attend_dense, q, dense, idx, req, gate, o, ws)
-                    for idx in picks
-                ],
-                samples,
+            chosen[context] = {"uva_gather": gather, "uva_attention": attention}
+            out[f"{key}/attend_dense_s"] = timer.median(
+                graphs_of(
+                    [
+                        partial(m.qsa_offload_attend_dense, q, dense, idx, req, gate, o, ws)
+                        for idx in picks
+                    ]
+                ),
+                count,
             )
-            out[f"{key}/attend_dense_s"] = attend_dense
-            del _graph
             # Staged: the host needs the selection (a device sync), gathers rows
             # from the arena into pinned staging, then one H2D copy.
             flat = arena.host.view(-1, HKV, 2 * D)
@@ -425,22 +417,20 @@ def decode_section(quick: bool) -> dict:
             out[f"{key}/staged_cpu_gather_s"] = wall(staged, 20 if quick else 50)
             vram = torch.empty(arena.host.shape, dtype=torch.bfloat16, device=DEV)
             vram.copy_(kv)
-            t, _graph = graph_median(
-                decode_calls(cache=vram, **attention_configs[attention_name]), samples
+            out[f"{key}/vram_attention_s"] = timer.median(
+                graphs_of(decode_calls(cache=vram, **attention_configs[attention_name])), count
             )
-            out[f"{key}/vram_attention_s"] = t
-            del vram, _graph
+            del vram
             torch.cuda.empty_cache()
         series = {
             context: {"h2d": [], "uva_gather": [], "uva_attention": []} for context in contexts
         }
         for _ in range(rounds):
             for context in contexts:
-                attention_graph, gather_graph = chosen[context]
                 s = series[context]
-                s["h2d"].append(h2d_per_call(h2d_copies, 1))
-                s["uva_gather"].append(per_call(gather_graph, rotation))
-                s["uva_attention"].append(per_call(attention_graph, rotation))
+                s["h2d"] += timer.samples(h2d_copies, count)
+                for name, replays in chosen[context].items():
+                    s[name] += timer.samples(replays, count)
         h2d = statistics.median(t for s in series.values() for t in s["h2d"])
         out[f"rows{rows}/h2d_copy_same_bytes_s"] = h2d
         out[f"rows{rows}/h2d_copy_same_bytes_GBps"] = nbytes / h2d / 1e9
@@ -453,8 +443,9 @@ def decode_section(quick: bool) -> dict:
             out[f"{key}/uva_gather_vs_h2d"] = h2d / gather
             out[f"{key}/uva_attention_s"] = attention
             out[f"{key}/gather_then_attend_s"] = gather + out.pop(f"{key}/attend_dense_s")
-            out[f"{key}/rounds_us"] = {
-                name: [round(t * 1e6, 2) for t in times] for name, times in s.items()
+            out[f"{key}/spread_us"] = {
+                name: [round(q * 1e6, 2) for q in statistics.quantiles(times, n=10)[::4]]
+                for name, times in s.items()
             }
         for name in ("gather", "attention"):
             times = [out[f"rows{rows}/ctx{c}/uva_{name}_s"] for c in contexts]
@@ -736,8 +727,8 @@ def render(results: dict) -> str:
                 d[f"{k}/uva_gather_vs_h2d"] >= 0.8,
             )
             row(
-                f"decode attention (CUDA graph), {rows} row(s), {ctx} tokens: UVA / gather+attend / "
-                "staged CPU / VRAM",
+                f"decode attention (CUDA graph), {rows} row(s), {ctx} tokens: "
+                "UVA / gather+attend / staged CPU / VRAM",
                 f"{d[f'{k}/uva_attention_s'] * 1e3:.3f} / "
                 f"{d[f'{k}/gather_then_attend_s'] * 1e3:.3f} / "
                 f"{d[f'{k}/staged_cpu_gather_s'] * 1e3:.3f} / "
