@@ -129,6 +129,24 @@ def main() -> None:
                 "ok": int(counter) == context_bytes,
                 "detail": f"read {int(counter)} of context {context_bytes}",
             }
+            # The same pass with the chunks copied from host block rows (DMA).
+            kwargs = case.prefill_kwargs()
+            rows = m.read_host_block_rows(
+                case.block_table, case.seq_lens, kwargs["requests"],
+                max_context=kwargs["max_context"], page_size=case.kv_cache.shape[1],
+            )  # fmt: skip
+            out = torch.full_like(case.q, float("nan"))
+            counter = torch.zeros(1, dtype=torch.int64)
+            m.qsa_offload_prefill(
+                case.q, case.kv_cache, case.indices, case.block_table, case.token_to_req,
+                case.seq_lens, case.gate, out, ws_c, **kwargs, byte_counter=counter,
+                block_n=16, host_kv=case.kv_cache, host_rows=rows,
+            )  # fmt: skip
+            check(results, f"prefill-dma-{tag}-chunk{chunk}", out, ref)
+            results[f"prefill-dma-bytes-{tag}-chunk{chunk}"] = {
+                "ok": int(counter) == context_bytes,
+                "detail": f"read {int(counter)} of context {context_bytes}",
+            }
         # The pre-capture warmup runs every decode variant on an empty selection.
         head_dim = case.kv_cache.shape[3] // 2
         warmed = m.warmup_offload_decode(
@@ -157,6 +175,31 @@ def main() -> None:
                 and int(counter) == expect.numel() * expect.element_size(),
                 "detail": f"read {int(counter)} bytes",
             }
+    # The DMA chunk copy writes what the copy kernel writes, byte for byte:
+    # rows past a request's length and rows of a block outside the arena are
+    # zeros, and both count the same bytes.
+    case = make_case(seed=4, seq_lens=[40, 23, 70], query_lens=[1, 1, 1], width=8,
+                     dtype=torch.float32, head_dim=HEAD_DIM)  # fmt: skip
+    table = case.block_table.clone()
+    table[2, 1] = case.kv_cache.shape[0]  # a block id past the arena
+    rows = m.read_host_block_rows(table, case.seq_lens, [0, 1, 2], max_context=70,
+                                  page_size=case.kv_cache.shape[1])  # fmt: skip
+    shape = (16, *case.kv_cache.shape[2:])
+    mismatches = []
+    for request in (0, 1, 2):
+        for start in range(0, 72, 16):
+            by_kernel, by_dma = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+            kernel_bytes, dma_bytes = (torch.zeros(1, dtype=torch.int64) for _ in range(2))
+            m.qsa_offload_copy_chunk(case.kv_cache, table, case.seq_lens, request, start,
+                                     start + 16, by_kernel, byte_counter=kernel_bytes)  # fmt: skip
+            m.qsa_offload_copy_chunk_host(case.kv_cache, rows, request, start, start + 16,
+                                          by_dma, byte_counter=dma_bytes)  # fmt: skip
+            if not torch.equal(by_kernel, by_dma) or int(kernel_bytes) != int(dma_bytes):
+                mismatches.append((request, start))
+    results["copy-chunk-dma-equals-kernel"] = {
+        "ok": not mismatches,
+        "detail": f"chunks that differ (request, start): {mismatches}",
+    }
     # K/V writes: slots -1 are skipped, others land at block * B + offset.
     arena = torch.zeros(4, 16, 2, 2 * HEAD_DIM, dtype=torch.float32)
     key = torch.randn(5, 2, HEAD_DIM)

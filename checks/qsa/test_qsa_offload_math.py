@@ -142,9 +142,10 @@ class _Launch:
         return launch
 
 
+@pytest.mark.parametrize("by_dma", [False, True], ids=["sm-copy", "dma-copy"])
 @pytest.mark.parametrize("chunk,contexts", [(8, [40, 23]), (1, [9]), (64, [40, 23])])
 def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
-    offload, monkeypatch, chunk, contexts
+    offload, monkeypatch, chunk, contexts, by_dma
 ):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -190,6 +191,19 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
         device="cpu",
     )
     out = torch.empty_like(case.q)
+    kwargs = case.prefill_kwargs()
+    host = {}
+    if by_dma:  # read once per step, before the layers' passes
+        host["host_kv"] = case.kv_cache
+        host["host_rows"] = offload.read_host_block_rows(
+            case.block_table,
+            case.seq_lens,
+            kwargs["requests"],
+            max_context=kwargs["max_context"],
+            page_size=case.kv_cache.shape[1],
+        )
+        dma = _Launch("qsa_offload_copy_chunk_host", log)
+        monkeypatch.setattr(offload, "qsa_offload_copy_chunk_host", dma.__getitem__(()))
     with Factories() as rec:
         offload.qsa_offload_prefill(
             case.q,
@@ -201,13 +215,23 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
             case.gate,
             out,
             ws,
-            **case.prefill_kwargs(),
+            **kwargs,
+            **host,
         )
     assert rec.created == []
-    copies = [entry for entry in log if entry[0] == "_copy_chunk_kernel"]
-    # Every request walks the batch's longest context (a host int); the copy
-    # kernel stops at each request's own length on the device.
-    assert len(copies) == len(contexts) * -(-max(contexts) // chunk)
+    by_kernel = [entry for entry in log if entry[0] == "_copy_chunk_kernel"]
+    by_host = [entry for entry in log if entry[0] == "qsa_offload_copy_chunk_host"]
+    if by_dma:
+        # Host lengths: each request walks its own context only.
+        assert not by_kernel
+        copies = by_host
+        assert len(copies) == sum(-(-n // chunk) for n in contexts)
+    else:
+        # Every request walks the batch's longest context (a host int); the
+        # copy kernel stops at each request's own length on the device.
+        assert not by_host
+        copies = by_kernel
+        assert len(copies) == len(contexts) * -(-max(contexts) // chunk)
     # One selection sort and one state init for all rows, one pass per chunk.
     assert sum(1 for e in log if e[0] == "_sanitize_selection_kernel") == 1
     attends = [entry for entry in log if entry[0] == "_attend_kernel"]
@@ -245,3 +269,40 @@ def test_launcher_workspace_bytes_match_the_module(offload):
         assert offload.OffloadWorkspace.nbytes_for(**kw) == expect
         ws = offload.OffloadWorkspace.allocate(dtype=torch.bfloat16, device="cpu", **kw)
         assert ws.nbytes() == expect
+
+
+def test_host_block_rows_are_the_requests_lengths_and_reached_blocks(offload):
+    """One read: each request's length and the block columns max_context reaches."""
+    case = make_case(seed=6, seq_lens=[40, 23, 70], query_lens=[1, 1, 1], width=8)
+    page = case.kv_cache.shape[1]
+    rows = offload.read_host_block_rows(
+        case.block_table, case.seq_lens, [2, 0], max_context=40, page_size=page
+    )
+    assert rows.lengths == {2: 70, 0: 40}
+    assert rows.blocks == {r: case.block_table[r, :3].tolist() for r in (2, 0)}
+    empty = offload.read_host_block_rows(
+        case.block_table, case.seq_lens, [], max_context=40, page_size=page
+    )
+    assert empty.lengths == {} and empty.blocks == {}
+
+
+@pytest.mark.parametrize("start,end", [(0, 16), (10, 37), (60, 80), (70, 90)])
+def test_dma_chunk_copy_reads_block_runs_and_zeros_past_the_length(offload, start, end):
+    """Rows come from the host arena through the block ids; past the length: zeros."""
+    case = make_case(seed=7, seq_lens=[70], query_lens=[1], width=8, dtype=torch.float32)
+    page = case.kv_cache.shape[1]
+    rows = offload.read_host_block_rows(
+        case.block_table, case.seq_lens, [0], max_context=90, page_size=page
+    )
+    work = torch.full((32, *case.kv_cache.shape[2:]), float("nan"))
+    counter = torch.zeros(1, dtype=torch.int64)
+    offload.qsa_offload_copy_chunk_host(
+        case.kv_cache, rows, 0, start, end, work, byte_counter=counter
+    )
+    tokens = torch.arange(start, min(end, 70))
+    expect = case.kv_cache[case.block_table[0, tokens // page].long(), tokens % page]
+    got = work[: end - start]
+    assert torch.equal(got[: tokens.numel()], expect)
+    assert torch.count_nonzero(got[tokens.numel() :]) == 0
+    assert torch.isnan(work[end - start :]).all()  # nothing past the chunk is written
+    assert int(counter) == expect.numel() * expect.element_size()
