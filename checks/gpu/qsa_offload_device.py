@@ -287,8 +287,26 @@ class ColdTimer:
         return statistics.median(self.samples(launches, count))
 
 
-def graphs_of(calls) -> list:
-    """One CUDA graph per call (each warmed up outside capture); their replays."""
+class Captured:
+    """A call captured as a CUDA graph; calling it replays the graph.
+
+    The graph holds only the addresses of the call's tensors, so the call
+    (and the tensors it binds) is kept alive with it: a freed selection
+    would be reused by later allocations and the replay would read garbage.
+    """
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            call()
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+
+def graphs_of(calls) -> list[Captured]:
+    """One CUDA graph per call, each warmed up outside capture."""
     side = torch.cuda.Stream(DEV)
     side.wait_stream(torch.cuda.current_stream(DEV))
     with torch.cuda.stream(side):
@@ -296,13 +314,7 @@ def graphs_of(calls) -> list:
             call()
     torch.cuda.current_stream(DEV).wait_stream(side)
     torch.cuda.synchronize(DEV)
-    graphs = []
-    for call in calls:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graphs.append(graph)
-    return [graph.replay for graph in graphs]
+    return [Captured(call) for call in calls]
 
 
 def fastest(timer: ColdTimer, configs: dict, make_calls, count: int):
@@ -447,6 +459,17 @@ def decode_section(quick: bool) -> dict:
                 name: [round(q * 1e6, 2) for q in statistics.quantiles(times, n=10)[::4]]
                 for name, times in s.items()
             }
+        # Each timed graph still reads what its call reads eagerly.
+        same = True
+        for context in contexts:
+            for name, result in (("uva_gather", dense), ("uva_attention", o)):
+                for captured in chosen[context][name]:
+                    captured.call()
+                    eager = result.clone()
+                    result.fill_(float("nan"))
+                    captured()
+                    same &= bool(torch.equal(result, eager))
+        out[f"rows{rows}/graph_replays_equal_eager_calls"] = same
         for name in ("gather", "attention"):
             times = [out[f"rows{rows}/ctx{c}/uva_{name}_s"] for c in contexts]
             out[f"rows{rows}/{name}_flatness_max_over_min"] = max(times) / min(times)
@@ -457,42 +480,13 @@ def decode_section(quick: bool) -> dict:
     return out
 
 
-def dma_pass(arena, table, q, kv, idx, req, seq_lens, gate, o, ws, context, iters) -> float:
-    """Seconds of a whole prefill pass whose chunk copies are cudaMemcpyAsync
-    (copy engine, no SMs) of each block's run of tokens. A comparison only:
-    it needs the block table on the host, which vLLM 0.33.0's model runner
-    keeps on the device, so the patch does not use it."""
-    host, page = arena.host, arena.host.shape[1]
-    host_table = table[0].tolist()
-
-    def dma_copy(kv_cache, block_table, lens, request, start, end, work, **_kw):
-        t, stop = start, min(end, context)
-        while t < stop:
-            p, off = divmod(t, page)
-            n = min(page - off, stop - t)
-            work[t - start : t - start + n].copy_(
-                host[host_table[p], off : off + n], non_blocking=True
-            )
-            t += n
-
-    run = partial(
-        m.qsa_offload_prefill,
-        *(q, kv, idx, table, req, seq_lens, gate, o, ws),
-        row_begin=0,
-        row_end=q.shape[0],
-        requests=[0],
-        max_context=context,
-    )
-    uva_copy = m.qsa_offload_copy_chunk
-    m.qsa_offload_copy_chunk = dma_copy
-    try:
-        return timed(run, iters, warmup=1)
-    finally:
-        m.qsa_offload_copy_chunk = uva_copy
-
-
 def prefill_section(quick: bool) -> dict:
-    """Streamed prefill over a 256k context: bytes, throughput vs H2D, peak VRAM."""
+    """Streamed prefill over a 256k context: bytes, throughput vs H2D, peak VRAM.
+
+    The shipped path copies chunks by the copy engine from host block rows
+    (``host_kv``/``host_rows``); the SM-copy path (UVA loads, the only one
+    inside a graph capture) is measured beside it.
+    """
     out: dict = {}
     context = 262144
     rows = 512  # --max-num-batched-tokens 512: the prefill chunk of the seed's setup
@@ -506,8 +500,11 @@ def prefill_section(quick: bool) -> dict:
     o = torch.empty_like(q)
     context_bytes = context * TOKEN_BYTES
     iters = 3 if quick else 9
-    for chunk in (16384, 32768, 65536):
-        ws = m.OffloadWorkspace.allocate(
+    host_rows = m.read_host_block_rows(table, seq_lens, [0], max_context=context, page_size=BLOCK)
+    by_dma = {"host_kv": arena.host, "host_rows": host_rows}
+
+    def workspace(chunk):
+        return m.OffloadWorkspace.allocate(
             max_rows=rows,
             num_q_heads=HQ,
             num_kv_heads=HKV,
@@ -516,6 +513,19 @@ def prefill_section(quick: bool) -> dict:
             dtype=torch.bfloat16,
             device=DEV,
         )
+
+    def prefill(ws, lens=seq_lens, sel=idx, ctx=context, **kw):
+        m.qsa_offload_prefill(
+            *(q, kv, sel, table, req, lens, gate, o, ws),
+            row_begin=0,
+            row_end=rows,
+            requests=[0],
+            max_context=ctx,
+            **kw,
+        )
+
+    for chunk in (16384, 32768, 65536):
+        ws = workspace(chunk)
         key = f"chunk{chunk}"
         chunk_bytes = chunk * TOKEN_BYTES
         # Streaming H2D reference: the same bytes in chunk-sized pinned copies.
@@ -527,60 +537,50 @@ def prefill_section(quick: bool) -> dict:
             for _ in range(n):
                 dst.copy_(src, non_blocking=True)
 
-        counter = torch.zeros(1, dtype=torch.int64, device=DEV)
+        copies = {}
+        for path in ("sm", "dma"):
+            counter = torch.zeros(1, dtype=torch.int64, device=DEV)
 
-        def copies(ws=ws, chunk=chunk, counter=counter):
-            for start in range(0, context, chunk):
-                m.qsa_offload_copy_chunk(
-                    kv,
-                    table,
-                    seq_lens,
-                    0,
-                    start,
-                    min(start + chunk, context),
-                    ws.chunk[0],
-                    byte_counter=counter,
-                )
+            def copy_all(ws=ws, chunk=chunk, counter=counter, path=path):
+                for start in range(0, context, chunk):
+                    end = min(start + chunk, context)
+                    if path == "dma":
+                        m.qsa_offload_copy_chunk_host(
+                            arena.host, host_rows, 0, start, end, ws.chunk[0], byte_counter=counter
+                        )
+                    else:
+                        m.qsa_offload_copy_chunk(
+                            kv, table, seq_lens, 0, start, end, ws.chunk[0], byte_counter=counter
+                        )
 
-        t_copy = timed(copies, iters)
-        out[f"{key}/uva_copy_GBps"] = context_bytes / t_copy / 1e9
-        counter.zero_()
-        copies()
-        out[f"{key}/bytes_read_per_pass_over_context_bytes"] = int(counter.item()) / context_bytes
-
-        def prefill(ws=ws):
-            m.qsa_offload_prefill(
-                q,
-                kv,
-                idx,
-                table,
-                req,
-                seq_lens,
-                gate,
-                o,
-                ws,
-                row_begin=0,
-                row_end=rows,
-                requests=[0],
-                max_context=context,
+            copies[path] = timed(copy_all, iters)
+            counter.zero_()
+            copy_all()
+            out[f"{key}/{path}_bytes_read_per_pass_over_context_bytes"] = (
+                int(counter.item()) / context_bytes
             )
-
-        # The reference and the pass alternate, so a drift of the host link
-        # during the run moves both.
-        prefill()
-        h2d_times, pass_times = [], []
+        # The reference and both passes alternate, so a drift of the host
+        # link during the run moves all three.
+        prefill(ws, **by_dma)
+        dma_out = o.clone()
+        prefill(ws)
+        out[f"{key}/dma_output_equals_sm_output"] = bool(torch.equal(o, dma_out))
+        times = {"h2d": [], "dma": [], "sm": []}
         for _ in range(iters):
-            h2d_times.append(timed(stream, 1, warmup=1))
-            pass_times.append(timed(prefill, 1, warmup=0))
-        h2d, t_pass = statistics.median(h2d_times), statistics.median(pass_times)
+            times["h2d"].append(timed(stream, 1, warmup=1))
+            times["dma"].append(timed(partial(prefill, ws, **by_dma), 1, warmup=0))
+            times["sm"].append(timed(partial(prefill, ws), 1, warmup=0))
+        h2d = statistics.median(times["h2d"])
         out[f"{key}/h2d_stream_GBps"] = context_bytes / h2d / 1e9
-        out[f"{key}/prefill_pass_s"] = t_pass
-        out[f"{key}/uva_copy_vs_h2d"] = h2d / t_copy
+        for path in ("sm", "dma"):
+            out[f"{key}/{path}_copy_GBps"] = context_bytes / copies[path] / 1e9
+            out[f"{key}/{path}_copy_vs_h2d"] = h2d / copies[path]
+            t_pass = statistics.median(times[path])
+            out[f"{key}/{path}_pass_s"] = t_pass
+            out[f"{key}/{path}_pass_vs_h2d"] = h2d / t_pass
         out[f"{key}/rounds_ms"] = {
-            "h2d": [round(t * 1e3, 3) for t in h2d_times],
-            "pass": [round(t * 1e3, 3) for t in pass_times],
+            name: [round(t * 1e3, 3) for t in series] for name, series in times.items()
         }
-        out[f"{key}/prefill_throughput_vs_h2d"] = h2d / t_pass
         out[f"{key}/workspace_bytes"] = m.OffloadWorkspace.nbytes_for(
             max_rows=rows,
             num_q_heads=HQ,
@@ -590,31 +590,14 @@ def prefill_section(quick: bool) -> dict:
         )
         del src, dst, ws
         torch.cuda.empty_cache()
-    # Tile and copy-program sizes of the whole pass (32k chunks).
-    ws = m.OffloadWorkspace.allocate(
-        max_rows=rows,
-        num_q_heads=HQ,
-        num_kv_heads=HKV,
-        head_dim=D,
-        chunk_tokens=32768,
-        dtype=torch.bfloat16,
-        device=DEV,
-    )
+    # The SM-copy grid (the path inside graph capture), 32k chunks. 4096
+    # programs is one per tile (the grid before the bounded copy): it fills
+    # every SM, so the attention waits for the copy.
+    ws = workspace(32768)
     sweep = {}
-    # Copy grid: 4096 programs is one per tile (the grid before the bounded
-    # copy): it fills every SM, so the attention waits for the copy.
     for programs in (8, 16, 32, 4096):
         for copy_rows in (8, 16):
-            run = partial(
-                m.qsa_offload_prefill,
-                *(q, kv, idx, table, req, seq_lens, gate, o, ws),
-                row_begin=0,
-                row_end=rows,
-                requests=[0],
-                max_context=context,
-                copy_rows_per_program=copy_rows,
-                copy_programs=programs,
-            )
+            run = partial(prefill, ws, copy_rows_per_program=copy_rows, copy_programs=programs)
             sweep[f"programs{programs}/copy_rows{copy_rows}"] = timed(run, iters, warmup=1)
     best = min(sweep, key=sweep.get)
     h2d_32k = out["chunk32768/h2d_stream_GBps"]
@@ -624,51 +607,23 @@ def prefill_section(quick: bool) -> dict:
     out["sweep/chunk32768/one_program_per_tile_vs_h2d"] = (
         context_bytes / sweep["programs4096/copy_rows8"] / 1e9 / h2d_32k
     )
-    out["dma/chunk32768/pass_vs_h2d"] = (
-        context_bytes
-        / dma_pass(arena, table, q, kv, idx, req, seq_lens, gate, o, ws, context, iters)
-        / 1e9
-        / h2d_32k
-    )
-    del ws
-    torch.cuda.empty_cache()
     # Peak scratch across chunk COUNTS: one workspace, contexts of 1..8 chunks.
-    chunk = 32768
-    ws = m.OffloadWorkspace.allocate(
-        max_rows=rows,
-        num_q_heads=HQ,
-        num_kv_heads=HKV,
-        head_dim=D,
-        chunk_tokens=chunk,
-        dtype=torch.bfloat16,
-        device=DEV,
-    )
+    # The host rows are read before the pass, as the layer reads them once
+    # per step before any layer's pass.
     for n_chunks in (1, 2, 4, 8):
-        ctx = n_chunks * chunk
+        ctx = n_chunks * 32768
         sel = selection(rows, ctx, seed=n_chunks)
         lens = torch.tensor([ctx], dtype=torch.int32, device=DEV)
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated(DEV)
-        torch.cuda.reset_peak_memory_stats(DEV)
-        m.qsa_offload_prefill(
-            q,
-            kv,
-            sel,
-            table,
-            req,
-            lens,
-            gate,
-            o,
-            ws,
-            row_begin=0,
-            row_end=rows,
-            requests=[0],
-            max_context=ctx,
-        )
-        torch.cuda.synchronize()
-        out[f"peak/chunks{n_chunks}/extra_bytes_during_pass"] = (
-            torch.cuda.max_memory_allocated(DEV) - base
-        )
+        host = m.read_host_block_rows(table, lens, [0], max_context=ctx, page_size=BLOCK)
+        for path, kw in (("sm", {}), ("dma", {"host_kv": arena.host, "host_rows": host})):
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated(DEV)
+            torch.cuda.reset_peak_memory_stats(DEV)
+            prefill(ws, lens=lens, sel=sel, ctx=ctx, **kw)
+            torch.cuda.synchronize()
+            out[f"peak/{path}/chunks{n_chunks}/extra_bytes_during_pass"] = (
+                torch.cuda.max_memory_allocated(DEV) - base
+            )
     out["peak/workspace_bytes"] = ws.nbytes()
     arena.release()
     return out
@@ -736,6 +691,10 @@ def render(results: dict) -> str:
                 "info",
                 True,
             )
+        if f"rows{rows}/graph_replays_equal_eager_calls" in d:
+            same = d[f"rows{rows}/graph_replays_equal_eager_calls"]
+            row(f"decode, {rows} row(s): timed graph replays equal eager calls", str(same),
+                "equal", same)  # fmt: skip
         if f"rows{rows}/gather_flatness_max_over_min" in d:
             f = d[f"rows{rows}/gather_flatness_max_over_min"]
             row(
@@ -751,63 +710,60 @@ def render(results: dict) -> str:
                 "<= 1.10",
                 f <= 1.10,
             )
+    paths = {"dma": "copy engine (shipped)", "sm": "SM loads (in graph capture)"}
     for chunk in (16384, 32768, 65536):
         k = f"chunk{chunk}"
-        if f"{k}/prefill_pass_s" not in p:
+        if f"{k}/dma_pass_s" not in p:
             continue
-        ratio = p[f"{k}/bytes_read_per_pass_over_context_bytes"]
+        for path, label in paths.items():
+            ratio = p[f"{k}/{path}_bytes_read_per_pass_over_context_bytes"]
+            row(
+                f"prefill 256k ctx, chunk {chunk}, {label}: bytes read / context K/V bytes",
+                f"{ratio:.4f}",
+                "<= 1.1",
+                ratio <= 1.1,
+            )
+        for path, label in paths.items():
+            row(
+                f"prefill chunk {chunk}, {label}: chunk copies alone vs streaming H2D",
+                f"{p[f'{k}/{path}_copy_GBps']:.1f} vs {p[f'{k}/h2d_stream_GBps']:.1f} GB/s "
+                f"({p[f'{k}/{path}_copy_vs_h2d']:.2f}x)",
+                "info",
+                True,
+            )
+        for path, label in paths.items():
+            ratio = p[f"{k}/{path}_pass_vs_h2d"]
+            row(
+                f"prefill chunk {chunk}, 512 rows, {label}: whole pass vs streaming H2D",
+                f"{p[f'{k}/{path}_pass_s'] * 1e3:.1f} ms ({ratio:.2f}x)",
+                ">= 0.85x" if path == "dma" else "info",
+                ratio >= 0.85 or path != "dma",
+            )
         row(
-            f"prefill 256k ctx, 512 rows, chunk {chunk}: bytes read / context K/V bytes",
-            f"{ratio:.4f}",
-            "<= 1.1",
-            ratio <= 1.1,
-        )
-        row(
-            f"prefill chunk {chunk}: UVA chunk copy vs streaming H2D",
-            f"{p[f'{k}/uva_copy_GBps']:.1f} vs {p[f'{k}/h2d_stream_GBps']:.1f} GB/s "
-            f"({p[f'{k}/uva_copy_vs_h2d']:.2f}x)",
-            ">= 0.85x",
-            p[f"{k}/uva_copy_vs_h2d"] >= 0.85,
-        )
-        row(
-            f"prefill chunk {chunk}: whole pass (copy + attention) vs streaming H2D",
-            f"{p[f'{k}/prefill_pass_s'] * 1e3:.1f} ms ({p[f'{k}/prefill_throughput_vs_h2d']:.2f}x)",
-            ">= 0.85x",
-            p[f"{k}/prefill_throughput_vs_h2d"] >= 0.85,
+            f"prefill chunk {chunk}: copy-engine pass output equals SM-copy pass output",
+            str(p[f"{k}/dma_output_equals_sm_output"]),
+            "equal",
+            p[f"{k}/dma_output_equals_sm_output"],
         )
     if "sweep/chunk32768/best" in p:
-        ratio = p["sweep/chunk32768/best_vs_h2d"]
         row(
-            f"prefill chunk 32768, best copy grid ({p['sweep/chunk32768/best']}): "
-            "whole pass vs streaming H2D",
-            f"{ratio:.2f}x",
-            ">= 0.85x",
-            ratio >= 0.85,
-        )
-        row(
-            "prefill chunk 32768, copy grid of one program per tile (the grid before): "
-            "whole pass vs streaming H2D",
+            f"prefill chunk 32768, SM loads, best copy grid ({p['sweep/chunk32768/best']}) / "
+            "one program per tile (the grid before): whole pass vs streaming H2D",
+            f"{p['sweep/chunk32768/best_vs_h2d']:.2f}x / "
             f"{p['sweep/chunk32768/one_program_per_tile_vs_h2d']:.2f}x",
             "info",
             True,
         )
-    if "dma/chunk32768/pass_vs_h2d" in p:
-        row(
-            "prefill chunk 32768, chunk copies by cudaMemcpyAsync (needs a host block "
-            "table; not in the patch): whole pass vs streaming H2D",
-            f"{p['dma/chunk32768/pass_vs_h2d']:.2f}x",
-            "info",
-            True,
-        )
-    peaks = {k: v for k, v in p.items() if k.startswith("peak/chunks")}
-    if peaks:
-        row(
-            "peak extra VRAM during prefill, 1/2/4/8 chunks (workspace preallocated, "
-            f"{p['peak/workspace_bytes'] / 2**20:.1f} MiB)",
-            " / ".join(str(v) for v in peaks.values()) + " bytes",
-            "equal",
-            len(set(peaks.values())) == 1,
-        )
+    for path, label in paths.items():
+        peaks = {k: v for k, v in p.items() if k.startswith(f"peak/{path}/chunks")}
+        if peaks:
+            row(
+                f"peak extra VRAM during prefill, {label}, 1/2/4/8 chunks (workspace "
+                f"preallocated, {p['peak/workspace_bytes'] / 2**20:.1f} MiB)",
+                " / ".join(str(v) for v in peaks.values()) + " bytes",
+                "equal",
+                len(set(peaks.values())) == 1,
+            )
     for sec in ("correctness", "decode", "prefill", "arena"):
         if "error" in results.get(sec, {}):
             lines.append(f"\n{sec} section error: `{results[sec]['error'].splitlines()[-1]}`")

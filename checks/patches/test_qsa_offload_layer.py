@@ -246,19 +246,26 @@ def test_jit_warmup_compiles_the_offload_decode_not_the_paged_kernels(offloaded,
         assert args[6].data_ptr() == layer.offload_workspace.acc.data_ptr()
 
 
-@pytest.mark.proves(PATCH)
-def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
-    offloaded, monkeypatch
-):
-    """forward_qsa's wiring: which rows, requests and host ints reach the kernels."""
+def _step_metadata():
+    """A reordered batch: 2 decode requests (1 row each), then 2 prefills (3 + 4 rows)."""
     from types import SimpleNamespace
 
     import torch
+
+    main = SimpleNamespace(
+        num_actual_tokens=9,
+        block_table=torch.tensor([[5, 6], [7, 8], [1, 2], [3, 4]], dtype=torch.int32),
+        seq_lens=torch.tensor([50, 60, 3, 700], dtype=torch.int32),
+    )
+    side = SimpleNamespace(num_decodes=2, num_decode_tokens=2, num_prefills=2, max_seq_len=700)
+    return main, side
+
+
+def _offloaded_forward(layer, main, side, monkeypatch):
+    """Run forward_qsa on the offloaded layer with the kernels recorded, not run."""
+    import torch
     from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
 
-    _, _, _, caches, layer = offloaded
-    if layer.host_arena is None:  # the cap test left it unbound
-        layer.bind_kv_cache(caches[QSA])
     calls = {}
     monkeypatch.setattr(
         qsa_offload, "qsa_offload_decode", lambda *a, **k: calls.setdefault("decode", (a, k))
@@ -266,19 +273,12 @@ def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
     monkeypatch.setattr(
         qsa_offload, "qsa_offload_prefill", lambda *a, **k: calls.setdefault("prefill", (a, k))
     )
-    # Reordered batch: 2 decode requests (1 row each), then 2 prefills (3 + 4 rows).
-    rows, heads, dim = 9, 4, 32
+    rows, heads, dim = main.num_actual_tokens, 4, 32
     query = torch.randn(rows, heads, dim).to(torch.bfloat16)
     gate = torch.randn(rows, heads, dim).to(torch.bfloat16)
     output = torch.full_like(query, 7.0)
     layer.topk_indices_buffer.zero_()
     token_to_req = torch.tensor([0, 1, 2, 2, 2, 3, 3, 3, 3], dtype=torch.int32)
-    main = SimpleNamespace(
-        num_actual_tokens=rows,
-        block_table=torch.zeros(4, 2, dtype=torch.int32),
-        seq_lens=torch.tensor([50, 60, 3, 700], dtype=torch.int32),
-    )
-    side = SimpleNamespace(num_decodes=2, num_decode_tokens=2, num_prefills=2, max_seq_len=700)
     layer.impl.forward_qsa(
         layer,
         query,
@@ -292,6 +292,22 @@ def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
         gate,
         side_metadata=side,
     )
+    return calls, output
+
+
+@pytest.mark.proves(PATCH)
+def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
+    offloaded, monkeypatch
+):
+    """forward_qsa's wiring: which rows, requests and host ints reach the kernels."""
+    import torch
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:  # the cap test left it unbound
+        layer.bind_kv_cache(caches[QSA])
+    main, side = _step_metadata()
+    calls, output = _offloaded_forward(layer, main, side, monkeypatch)
+    rows, dim = main.num_actual_tokens, 32
     (d_args, d_kw), (p_args, p_kw) = calls["decode"], calls["prefill"]
     assert d_args[0].shape[0] == 2 and d_args[5].tolist() == [0, 1]
     assert d_args[1].shape[-1] == d_args[2].shape[-1] == dim  # K and V halves of the arena
@@ -302,3 +318,30 @@ def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
     assert p_args[1].shape == (caches[QSA].shape[0], 992, 2, 2 * dim)  # the arena view
     assert p_args[5] is main.seq_lens
     assert torch.count_nonzero(output) == 0  # zeroed first, then the kernels write
+    # Outside graph capture the chunks go by DMA from the arena's host pages:
+    # the prefill requests' lengths and the block columns 700 tokens reach.
+    assert p_kw["host_kv"] is layer.host_arena.host
+    assert p_kw["host_rows"].lengths == {2: 3, 3: 700}
+    assert p_kw["host_rows"].blocks == {2: [1], 3: [3]}
+
+
+@pytest.mark.proves(PATCH)
+def test_prefill_reads_the_host_block_rows_once_per_step(offloaded, monkeypatch):
+    """Every offloaded layer of a step shares one device-to-host read."""
+    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:
+        layer.bind_kv_cache(caches[QSA])
+    reads = []
+    real = qsa_offload.read_host_block_rows
+    monkeypatch.setattr(
+        qsa_offload, "read_host_block_rows", lambda *a, **k: reads.append(a) or real(*a, **k)
+    )
+    main, side = _step_metadata()
+    seen = [_offloaded_forward(layer, main, side, monkeypatch)[0] for _layer in range(3)]
+    assert len(reads) == 1
+    assert len({id(calls["prefill"][1]["host_rows"]) for calls in seen}) == 1
+    next_main, next_side = _step_metadata()  # the next step: new metadata, a new read
+    _offloaded_forward(layer, next_main, next_side, monkeypatch)
+    assert len(reads) == 2
