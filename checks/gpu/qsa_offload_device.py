@@ -713,7 +713,7 @@ def render(results: dict) -> str:
     paths = {"dma": "copy engine (shipped)", "sm": "SM loads (in graph capture)"}
     for chunk in (16384, 32768, 65536):
         k = f"chunk{chunk}"
-        if f"{k}/dma_pass_s" not in p:
+        if f"{k}/dma_pass_s" not in p:  # a run from before the copy-engine path
             continue
         for path, label in paths.items():
             ratio = p[f"{k}/{path}_bytes_read_per_pass_over_context_bytes"]
