@@ -234,3 +234,68 @@ def test_not_enough_disk_is_refused(setup):
     result = run_build(setup, *argv_extra)
     assert result.returncode == 1
     assert "GiB free, a build needs" in result.stderr
+
+
+def _variant(setup, n: int) -> None:
+    """Make the patch inputs distinct (a new env key) without changing what they do."""
+    series = setup["patches"] / "vllm-0.33.0" / "series"
+    series.write_text(f"# test series, variant {n}\n0001-mark-patched.patch\n")
+
+
+def _built(setup, *extra) -> Path:
+    result = run_build(setup, *extra)
+    assert result.returncode == 0, result.stderr
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def test_only_the_most_recently_used_envs_are_kept(setup):
+    envs = []
+    for n in range(3):
+        _variant(setup, n)
+        envs.append(_built(setup, "--keep-envs", "2"))
+    root = setup["cache"] / "env"
+    # Three builds, keep 2: the first (least recently used) env is gone, whole.
+    assert not envs[0].exists() and not envs[0].is_symlink()
+    assert envs[1].is_symlink() and envs[2].is_symlink()
+    build_dirs = [p.name for p in root.iterdir() if p.name.startswith(".") and p.is_dir()]
+    assert sorted(build_dirs) == sorted(os.readlink(e) for e in envs[1:])
+    assert env_python_says(envs[1], PATCHED_Q) == "True"
+    # Asking for env 1 again makes it the most recently used: the next build
+    # removes env 2 instead.
+    _variant(setup, 1)
+    assert _built(setup, "--keep-envs", "2") == envs[1]
+    _variant(setup, 3)
+    newest = _built(setup, "--keep-envs", "2")
+    assert envs[1].is_symlink() and newest.is_symlink() and not envs[2].exists()
+    assert env_python_says(envs[1], PATCHED_Q) == "True"
+
+
+def test_keep_envs_below_one_is_refused(setup):
+    result = run_build(setup, "--keep-envs", "0")
+    assert result.returncode == 2
+    assert "--keep-envs must be at least 1" in result.stderr
+
+
+def _published_key(root: Path, key: str, mtime: float) -> None:
+    build = root / f".{key}.build"
+    (build / "venv").mkdir(parents=True)
+    (root / key).symlink_to(build.name)
+    lock = root / f"{key}.lock"
+    lock.touch()
+    os.utime(lock, (mtime, mtime))
+
+
+def test_pruning_skips_the_current_key_and_keys_locked_elsewhere(tmp_path):
+    import fcntl
+
+    for i, key in enumerate(["old", "locked", "current", "new"]):
+        _published_key(tmp_path, key, 1000.0 + i)
+    os.utime(tmp_path / "current.lock", (1.0, 1.0))  # oldest, but the one just built
+    with open(tmp_path / "locked.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process is building it
+        removed = buildenv.prune_least_recently_used(tmp_path, 1, "current")
+    assert removed == ["old"]
+    assert not (tmp_path / "old").is_symlink() and not (tmp_path / ".old.build").exists()
+    for key in ("locked", "current", "new"):
+        assert (tmp_path / key / "venv").is_dir()
+    assert (tmp_path / "old.lock").exists()  # lock files stay (a waiter may hold one)

@@ -11,7 +11,10 @@ the env is built in `env/.<key>.<random>/` and published by atomically
 replacing the symlink `env/<key>` to point at it (the base likewise in
 base/). A build that dies leaves only an unlinked directory, which the next
 build of that key deletes; a half-built env is never reused. A per-key
-lock file serialises builders.
+lock file serialises builders; its mtime is the key's last use. After a new
+env (or base) is published, the least recently used ones beyond
+KEEP_ENVS (KEEP_BASES) are deleted, so a dev machine that changes the series
+often does not collect a ~48 MB env (or a ~9 GB base) per change.
 """
 
 import base64
@@ -33,6 +36,11 @@ from .target import Target
 
 MANIFEST = "flashnext-env.json"
 MIN_FREE_BYTES = 14 * 2**30
+# Published envs and bases kept per cache, the most recently used first. An
+# env is ~48 MB of patched files over hard links into its base; a base is
+# the ~9 GB install of one lock. Envs do not need their base to stay.
+KEEP_ENVS = 4
+KEEP_BASES = 2
 """Free space a fresh build needs: the venv measured 9.4 GB, the wheelhouse
 ~4.3 GB (less what seeding links in)."""
 
@@ -126,15 +134,53 @@ def check_apply_script(layout: Layout) -> None:
 
 @contextmanager
 def key_lock(env_root: Path, key: str):
-    """Hold an exclusive lock for building `key` (other builders wait)."""
+    """Hold an exclusive lock for building `key` (other builders wait).
+
+    Touches the lock file: its mtime is when `key` was last asked for.
+    """
     env_root.mkdir(parents=True, exist_ok=True)
-    with open(env_root / f"{key}.lock", "w") as handle:
+    lock = env_root / f"{key}.lock"
+    with open(lock, "a") as handle:
+        os.utime(lock)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log(f"another build of {key} is running; waiting for it")
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def prune_least_recently_used(root: Path, keep: int, current: str) -> list[str]:
+    """Delete published keys in `root` beyond the `keep` most recently used.
+
+    Never `current`, and never a key whose lock another process holds (it is
+    being built, or pruned by someone else). Lock files stay: deleting one
+    while a builder waits on it would let a second builder lock a new file.
+    Returns the keys removed.
+    """
+
+    def last_used(link: Path) -> float:
+        try:
+            return (root / f"{link.name}.lock").stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    links = [p for p in root.iterdir() if p.is_symlink() and not p.name.startswith(".")]
+    removed = []
+    for link in sorted(links, key=last_used, reverse=True)[keep:]:
+        if link.name == current:
+            continue
+        with open(root / f"{link.name}.lock", "a") as handle:  # "a": keeps the mtime
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            target = root / os.readlink(link)
+            link.unlink()
+            shutil.rmtree(target, ignore_errors=True)
+        log(f"removed {root.name}/{link.name}, the least recently used beyond {keep}")
+        removed.append(link.name)
+    return removed
 
 
 def published(env_root: Path, key: str) -> Path | None:
@@ -297,6 +343,7 @@ def build(
     seed_dirs: list[Path],
     rebuild: bool = False,
     min_free_bytes: int = MIN_FREE_BYTES,
+    keep_envs: int = KEEP_ENVS,
 ) -> Path:
     """Return the env dir for this lock + patch series, building it if needed.
 
@@ -345,6 +392,7 @@ def build(
             shutil.rmtree(build_dir, ignore_errors=True)
             raise
         log(f"built {key} in {time.monotonic() - started:.0f} s")
+        prune_least_recently_used(env_root, keep_envs, key)
         return env_root / key
 
 
@@ -386,6 +434,7 @@ def ensure_base(
             shutil.rmtree(build_dir, ignore_errors=True)
             raise
         log(f"built base {key} in {time.monotonic() - started:.0f} s")
+        prune_least_recently_used(root, KEEP_BASES, key)
         return (root / key / "venv").resolve()
 
 
