@@ -251,11 +251,11 @@ def correctness_section() -> dict:
 
 
 # Decode is served as a CUDA graph (FULL_DECODE_ONLY), so each call is timed
-# as a graph replay. The GPU caches host reads in its L2 (a 64k-token arena
-# then reads at ~10x PCIe speed when calls repeat), while served decode
-# meets a cold L2: every other layer's work runs between two reads of a
-# layer's K/V. So the L2 is flushed before each timed call; the flush also
-# keeps the GPU busy while the call is launched, so no launch gap is timed.
+# as a graph replay. Served decode meets a cold L2 (every other layer's work
+# runs between two reads of one layer's K/V), so the L2 is overwritten
+# before each timed call, whatever it would keep of earlier reads; that work
+# also keeps the GPU busy while the call is launched, so no launch gap is
+# timed.
 DECODE_SELECTIONS = 8
 
 
