@@ -42,11 +42,6 @@ def rows_per_page(row_bytes: int) -> int:
     return PAGE_BYTES // row_bytes
 
 
-def page_padding(row_bytes: int) -> int:
-    """Zero bytes after the last row of each page (256 for 320-byte rows)."""
-    return PAGE_BYTES - rows_per_page(row_bytes) * row_bytes
-
-
 def table_bytes(rows: int, row_bytes: int, layout: str) -> int:
     """Exact size of a flat table file of `rows` rows in `layout`."""
     if check_layout(layout) == PACKED:

@@ -241,14 +241,12 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) ->
 
 def _copy_packed(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeback) -> None:
     """File bytes = checkpoint bytes: copy shard spans kernel-side."""
+    start = pos
     for shard, inner, length in reader.spans(pos, n):
-        src = reader.fd_for(shard)
-        src_off = shard.data_offset_bytes + inner
-        _copy_range(src, src_off, dst_fd, pos, length)
-        # The shards are read once; keep them from crowding the page cache.
-        os.posix_fadvise(src, src_off, length, os.POSIX_FADV_DONTNEED)
+        _copy_range(reader.fd_for(shard), shard.data_offset_bytes + inner, dst_fd, pos, length)
         wb.written(pos, length)
         pos += length
+    reader.drop_cache(start, n)
 
 
 def _write_aligned(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeback) -> None:
