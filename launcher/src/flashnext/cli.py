@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from flashnext import __version__
+from flashnext.table.file_layout import DEFAULT_LAYOUT, LAYOUTS  # pure arithmetic, no I/O
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -324,8 +325,8 @@ def table() -> None:
 @click.option(
     "--layout",
     "file_layout",
-    type=click.Choice(["packed", "page-aligned"]),
-    default="packed",
+    type=click.Choice(LAYOUTS),
+    default=DEFAULT_LAYOUT,
     show_default=True,
     help="packed: rows back to back (the seed's format). page-aligned: 12 rows per "
     "4 KiB page plus zero padding, so no row straddles a page: a token's 16 rows "
