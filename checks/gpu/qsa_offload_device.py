@@ -403,10 +403,9 @@ def decode_section(quick: bool) -> dict:
                     partial(m.qsa_offload_gather, kv, idx, table, req, dense, **kw) for idx in picks
                 ]
 
-            attention_name, _best, sweep = fastest(timer, attention_configs, decode_calls, count)
+            attention_name, _, sweep = fastest(timer, attention_configs, decode_calls, count)
             out[f"{key}/uva_attention_best_config"] = attention_configs[attention_name]
             out[f"{key}/uva_attention_sweep_us"] = {k: round(t * 1e6, 2) for k, t in sweep.items()}
-            del _best
             gather_name, gather, sweep = fastest(timer, gather_configs, gather_calls, count)
             out[f"{key}/uva_gather_config"] = gather_configs[gather_name]
             out[f"{key}/uva_gather_sweep_us"] = {k: round(t * 1e6, 2) for k, t in sweep.items()}
