@@ -212,6 +212,28 @@ def test_forward_matches_the_stock_cpu_path(ple: PleTable, dist) -> None:
 
 
 @pytest.mark.proves(PATCH)
+def test_host_staging_stays_on_the_host_under_a_device_default(ple: PleTable) -> None:
+    """vLLM builds the model under a CUDA default device (`with torch.device`):
+    the gather's staging and id buffers must still be host memory, or
+    cudaHostRegister fails on a device pointer (seen on an H200: "cudaHostRegister
+    of 4194304 bytes of PLE staging failed"). `meta` stands in for CUDA here:
+    any buffer that ignores the default device lands there too."""
+    import torch
+    from vllm.models.qwen4_exp.common import ple_mmap
+
+    table, _mapping = ple_mmap.open_mapped_table(
+        str(ple.table_path), ple.rows, ple.dim, torch.bfloat16
+    )
+    with torch.device("meta"):
+        gather = ple_mmap.HostRowGather(table, 64, torch.device("cpu"))
+    assert gather.staging.device.type == "cpu"
+    assert gather.host_ids.device.type == "cpu"
+    ids = torch.tensor([[0, ple.rows - 1]])
+    gather.gather(ids)  # and it still gathers the table's rows
+    assert torch.equal(gather.rows(2), table[ids.view(-1)])
+
+
+@pytest.mark.proves(PATCH)
 def test_model_state_gathers_for_the_models_ple_layer(ple: PleTable, dist) -> None:
     """The runner's Qwen4ExpModelState finds the mapped table in the real model and
     prepares its rows (here: the dummy batch of profile/capture runs) before forward."""

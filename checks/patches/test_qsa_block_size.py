@@ -121,3 +121,30 @@ def test_offload_knobs_are_registered_and_default_off(monkeypatch):
     assert envs.VLLM_QSA_KV_OFFLOAD is False
     assert envs.VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES == 0
     assert envs.VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS == 16384
+
+
+@pytest.mark.proves(PATCH)
+def test_offload_on_a_model_without_qsa_layers_warns_and_keeps_stock_sizing(
+    tmp_path, monkeypatch
+):
+    """A config without indexer settings builds plain attention layers, so
+    there is no QSA K/V to offload: the flag is ignored with a warning (seen
+    on an H200: `TypeError: int() argument must be ... not 'NoneType'` from
+    the page layout reading indexer_compress_ratio), and the block size is
+    stock's."""
+    import logging
+
+    config = engine_args(write_tiny_qwen4_exp(tmp_path / "no-indexer")).create_engine_config()
+    monkeypatch.delenv("VLLM_QSA_KV_OFFLOAD", raising=False)
+    stock = _align(config, pp_size=1)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        monkeypatch.setenv("VLLM_QSA_KV_OFFLOAD", "1")
+        assert _align(config, pp_size=1) == stock
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert any("VLLM_QSA_KV_OFFLOAD=1 is ignored" in w for w in warnings), warnings

@@ -261,8 +261,12 @@ def _step_metadata():
     return main, side
 
 
-def _offloaded_forward(layer, main, side, monkeypatch):
-    """Run forward_qsa on the offloaded layer with the kernels recorded, not run."""
+def _offloaded_forward(layer, main, side, monkeypatch, *, flat_gate=False):
+    """Run forward_qsa on the offloaded layer with the kernels recorded, not run.
+
+    `flat_gate` hands the gate over as the owner does in the engine,
+    [tokens, heads * head_dim] (seen on an H200: q (4, 4, 32), gate (4, 128)).
+    """
     import torch
     from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
 
@@ -276,6 +280,8 @@ def _offloaded_forward(layer, main, side, monkeypatch):
     rows, heads, dim = main.num_actual_tokens, 4, 32
     query = torch.randn(rows, heads, dim).to(torch.bfloat16)
     gate = torch.randn(rows, heads, dim).to(torch.bfloat16)
+    if flat_gate:
+        gate = gate.view(rows, heads * dim)
     output = torch.full_like(query, 7.0)
     layer.topk_indices_buffer.zero_()
     token_to_req = torch.tensor([0, 1, 2, 2, 2, 3, 3, 3, 3], dtype=torch.int32)
@@ -323,6 +329,111 @@ def test_forward_sends_decode_rows_to_uva_decode_and_prefill_rows_to_streaming(
     assert p_kw["host_kv"] is layer.host_arena.host
     assert p_kw["host_rows"].lengths == {2: 3, 3: 700}
     assert p_kw["host_rows"].blocks == {2: [1], 3: [3]}
+
+
+@pytest.mark.proves(PATCH)
+def test_forward_takes_the_owners_flat_gate(offloaded, monkeypatch):
+    """The engine's QSA owner passes the gate flat; both offload kernels get it
+    in q's shape, and their own argument check (the one that refused it on
+    the H200) accepts what they receive."""
+    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:
+        layer.bind_kv_cache(caches[QSA])
+    main, side = _step_metadata()
+    calls, _ = _offloaded_forward(layer, main, side, monkeypatch, flat_gate=True)
+    (d_args, _), (p_args, _) = calls["decode"], calls["prefill"]
+    q, k, v, indices, _table, token_to_req, gate, out = d_args[:8]
+    assert gate.shape == q.shape == (2, 4, 32)
+    qsa_offload._check_common(q, k, v, indices, token_to_req, gate, out)
+    query, arena, indices, _table, token_to_req, _lens, gate, out = p_args[:8]
+    assert gate.shape == query.shape == (main.num_actual_tokens, 4, 32)
+    half = arena.shape[-1] // 2
+    qsa_offload._check_common(
+        query, arena[..., :half], arena[..., half:], indices, token_to_req, gate, out
+    )
+
+
+def _arena_count():
+    return len(CpuArena.created)
+
+
+@pytest.mark.proves(PATCH)
+def test_an_arena_set_larger_than_host_ram_is_refused_before_pinning(offloaded, monkeypatch):
+    """No cap set: a pool whose arenas exceed what this host can pin (here the
+    real MemAvailable of this machine) is refused with the numbers and the
+    fix, before any arena is allocated (seen on an H200: a 303,769,939,968-byte
+    cudaHostRegister from a VRAM budget of 0.15 x 141 GB, with no bound)."""
+    import torch
+
+    _, _, _, caches, layer = offloaded
+    monkeypatch.delenv("VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES", raising=False)
+    slot_page = caches[QSA]
+    # 10M blocks of slot pages, as a zero-stride view: only the shape is read
+    # before the refusal, so no memory backs it.
+    huge = torch.empty(1, 1, slot_page.shape[2], 1, dtype=slot_page.dtype).expand(
+        10_000_000, 1, slot_page.shape[2], 1
+    )
+    before = _arena_count()
+    with pytest.raises(RuntimeError) as refused:
+        layer.bind_kv_cache(huge)
+    message = str(refused.value)
+    assert "MemAvailable" in message and "--kv-cache-memory-bytes" in message
+    need = 10_000_000 * slot_page.shape[2] * 2 * 2 * 32 * 2  # blocks x B x heads x K,V x dim x bf16
+    assert f"need {need} bytes" in message
+    assert _arena_count() == before and layer.host_arena is None  # nothing pinned
+    layer.bind_kv_cache(caches[QSA])  # the planned pool still binds
+
+
+@pytest.mark.proves(PATCH)
+def test_memlock_and_cap_bound_the_arena_set(offloaded, monkeypatch):
+    """RLIMIT_MEMLOCK (for a process without CAP_IPC_LOCK) and the cap each
+    refuse a set that exceeds them; every offloaded layer of the process
+    counts, not just the one binding."""
+    import vllm.models.qwen4_exp.nvidia.qsa as qsa
+
+    _, _, _, caches, layer = offloaded
+    if layer.host_arena is None:
+        layer.bind_kv_cache(caches[QSA])
+    per_layer = layer.host_arena.nbytes
+    monkeypatch.setattr(
+        qsa, "host_pin_limits", lambda: [(per_layer // 2, "RLIMIT_MEMLOCK (ulimit -l)")]
+    )
+    before = _arena_count()
+    with pytest.raises(RuntimeError, match=r"RLIMIT_MEMLOCK \(ulimit -l\) allows"):
+        layer.bind_kv_cache(caches[QSA])
+    assert _arena_count() == before and layer.host_arena is None
+    monkeypatch.setattr(qsa, "host_pin_limits", lambda: [])
+    layer.bind_kv_cache(caches[QSA])
+    # The layer's own arena is released before the check: an exact fit binds.
+    monkeypatch.setattr(qsa, "host_pin_limits", lambda: [(per_layer, "MemAvailable")])
+    layer.bind_kv_cache(caches[QSA])
+    monkeypatch.setattr(qsa, "host_pin_limits", lambda: [])
+    monkeypatch.setattr(layer, "_num_offloaded_layers", lambda: 3)
+    monkeypatch.setenv("VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES", str(3 * per_layer - 1))
+    with pytest.raises(RuntimeError, match=r"3 offloaded layer\(s\) need"):
+        layer.bind_kv_cache(caches[QSA])
+    monkeypatch.setenv("VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES", str(3 * per_layer))
+    layer.bind_kv_cache(caches[QSA])
+    assert layer.host_arena is not None
+
+
+@pytest.mark.proves(PATCH)
+def test_host_pin_limits_read_this_host(offloaded):
+    """The bounds come from this machine's /proc and rlimits, in bytes."""
+    import resource
+
+    import vllm.models.qwen4_exp.nvidia.qsa as qsa
+
+    limits = dict((what, free) for free, what in qsa.host_pin_limits())
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    assert 0 < limits["MemAvailable (/proc/meminfo)"] <= total
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if "RLIMIT_MEMLOCK (ulimit -l)" in limits:  # absent when unlimited or CAP_IPC_LOCK
+        assert soft != resource.RLIM_INFINITY
+        assert limits["RLIMIT_MEMLOCK (ulimit -l)"] <= soft
 
 
 @pytest.mark.proves(PATCH)
