@@ -124,9 +124,7 @@ def test_offload_knobs_are_registered_and_default_off(monkeypatch):
 
 
 @pytest.mark.proves(PATCH)
-def test_offload_on_a_model_without_qsa_layers_warns_and_keeps_stock_sizing(
-    tmp_path, monkeypatch
-):
+def test_offload_on_a_model_without_qsa_layers_warns_and_keeps_stock_sizing(tmp_path, monkeypatch):
     """A config without indexer settings builds plain attention layers, so
     there is no QSA K/V to offload: the flag is ignored with a warning (seen
     on an H200: `TypeError: int() argument must be ... not 'NoneType'` from
