@@ -18,6 +18,7 @@ from flashnext.facts.schema import (
     GpuFacts,
     GpuProcess,
     HostFacts,
+    ManifestFacts,
     PortFacts,
     host_facts_from_json,
 )
@@ -27,8 +28,29 @@ BASE_FILE = FIXTURES / "3x3090-nvme.json"
 GIB = 1 << 30
 
 
+# The fixture file predates manifest recording (StorageFacts.manifest): this is what
+# `flashnext facts --table` records now beside that packed table (without a manifest
+# recorded, preflight cannot tell the layout vLLM will assume: table.size warns).
+TABLE_MANIFEST = ManifestFacts(
+    path="/nvme/flashnext/ple-table.bin.json",
+    exists=True,
+    doc={
+        "format": "flashnext-ple-table",
+        "version": 1,
+        "layer": "model.language_model.layers.1.ple",
+        "dtype": "BF16",
+        "rows": 320_001_536,
+        "dim": 160,
+        "row_bytes": 320,
+        "layout": "packed",
+        "total_bytes": 102_400_491_520,
+    },
+)
+
+
 def base_facts() -> HostFacts:
-    return host_facts_from_json(BASE_FILE.read_text(), source=str(BASE_FILE))
+    facts = host_facts_from_json(BASE_FILE.read_text(), source=str(BASE_FILE))
+    return _table(facts, manifest=TABLE_MANIFEST)
 
 
 def _memory(facts: HostFacts, **changes) -> HostFacts:

@@ -76,8 +76,11 @@ def test_compilation_config_is_one_json_never_dotted(full_skeleton):
     }
 
 
-def test_dry_run_json_carries_findings_and_plan(full_skeleton):
-    result = dry_run(full_skeleton, "--json")
+def test_dry_run_json_carries_findings_and_plan(full_skeleton, tmp_path):
+    facts = tmp_path / "facts.json"
+    facts.write_text(dumps(base_facts()))  # with the table's manifest recorded
+    result = invoke("serve", "--dry-run", "--facts", facts, "--model", full_skeleton,
+                    "--table", TABLE, "--json")  # fmt: skip
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["result"] == "ok" and doc["dry_run"] is True
@@ -120,9 +123,9 @@ def test_serve_refuses_on_a_failed_check_and_starts_nothing(full_skeleton, tmp_p
 
 
 def test_preflight_json_and_exit_codes(full_skeleton, tmp_path):
-    ok = invoke(
-        "preflight", "--facts", BASE_FILE, "--model", full_skeleton, "--table", TABLE, "--json"
-    )
+    facts = tmp_path / "facts.json"
+    facts.write_text(dumps(base_facts()))  # with the table's manifest recorded
+    ok = invoke("preflight", "--facts", facts, "--model", full_skeleton, "--table", TABLE, "--json")
     assert ok.exit_code == 0
     doc = json.loads(ok.output)
     assert doc["schema_version"] == 1 and doc["result"] == "ok"

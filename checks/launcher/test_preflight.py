@@ -87,6 +87,7 @@ def test_shipped_checkpoint_defects_fail_with_the_fix_command(shipped_skeleton):
 
 
 def test_generation_config_flag_satisfies_the_sampling_check(shipped_skeleton, tmp_path):
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.7, "top_p": 0.8}')
     a = run(base_facts(), shipped_skeleton, generation_config_dir=str(tmp_path))
     assert by_id(a)["model.sampling"].level == "ok"
     assert "--generation-config" in a.plan.argv

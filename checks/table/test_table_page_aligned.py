@@ -244,16 +244,29 @@ def test_corrupt_aligned_partial_is_rewritten(tmp_path: Path) -> None:
 
 
 def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) -> None:
-    """preflight's table.size check, on the facts of a real file of each size."""
+    """preflight's table.size check, on the facts of a real file of each size and the
+    manifest beside it (vLLM learns the layout there; none means packed)."""
+    import dataclasses
+
     from flashnext.checks import PreflightInput, _table_size
+    from flashnext.facts.manifest import probe_manifest
 
     rows, cols = 2816, 160
+    cases = {
+        "packed": (rows * 320, "packed"),
+        "aligned": (-(-rows // 12) * 4096, "page-aligned"),
+        "aligned, no manifest": (-(-rows // 12) * 4096, None),
+        "bad": (999, "packed"),
+    }
     findings = {}
-    for name, size in (("packed", rows * 320), ("aligned", -(-rows // 12) * 4096), ("bad", 999)):
+    for name, (size, layout) in cases.items():
         path = tmp_path / f"{name}.bin"
         with path.open("wb") as f:
             f.truncate(size)
-        st = probe_storage(str(path))
+        if layout:
+            doc = {"layout": layout, "rows": rows, "dim": cols, "dtype": "BF16"}
+            Path(f"{path}.json").write_text(json.dumps(doc))
+        st = dataclasses.replace(probe_storage(str(path)), manifest=probe_manifest(path))
         inp = PreflightInput(
             facts=None, profile=None, plan=None, plan_error=None, model=None, model_error=None,
             model_dir="M", table_path=str(path), table_shape=(rows, cols), port=0, host="",
@@ -262,6 +275,8 @@ def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) ->
     assert findings["packed"][0].level == "ok" and "packed layout" in findings["packed"][0].message
     assert findings["aligned"][0].level == "ok"
     assert "page-aligned layout" in findings["aligned"][0].message
+    lost = findings["aligned, no manifest"][0]
+    assert lost.level == "fail" and "so vLLM reads it as packed" in lost.message
     bad = findings["bad"][0]
     assert bad.level == "fail"
     assert f"{rows * 320} bytes packed, {-(-rows // 12) * 4096} bytes page-aligned" in bad.message

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashnext.checks import Finding, PreflightInput, preflight
-from flashnext.facts.model import ModelFactsError, read_model_facts
+from flashnext.facts.model import (
+    CONFIG_FILE,
+    ModelFactsError,
+    read_generation_config_dir,
+    read_model_facts,
+)
 from flashnext.facts.model_derived import ple_table_shape
 from flashnext.facts.schema import HostFacts, ModelFacts, host_facts_from_json
 from flashnext.partition import PartitionError
@@ -53,19 +58,31 @@ def read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None]:
         return None, str(exc)
 
 
+def read_generation_config(directory: str | None) -> tuple[dict | None, str | None]:
+    """--generation-config DIR's generation_config.json, or why it cannot be read."""
+    if not directory:
+        return None, None
+    try:
+        return read_generation_config_dir(directory), None
+    except ModelFactsError as exc:
+        return None, str(exc)
+
+
 def assess(
     facts: HostFacts,
     options: PlanOptions,
     profile_name: str | None,
     model: ModelFacts | None = None,
+    facts_source: str | None = None,
 ) -> Assessment:
-    """`model`: facts already read from options.model_dir (tests reuse one read)."""
+    """`model`: facts already read from options.model_dir (tests reuse one read);
+    `facts_source`: the facts file replayed (--facts), named in findings."""
     profile, reason = select_profile(facts, profile_name)
     model_error = None
     if model is None:
         model, model_error = read_model(options.model_dir)
     the_plan, plan_error = None, None
-    table_shape = None
+    table_shape = table_shape_error = None
     if model is None:
         plan_error = f"no model facts ({model_error})"
     else:
@@ -75,8 +92,11 @@ def assess(
             plan_error = str(exc)
         try:
             table_shape = ple_table_shape(model.text_config)
-        except (KeyError, ValueError):
-            table_shape = None
+        except (ValueError, AttributeError) as exc:  # ConfigValueError names the key
+            table_shape_error = f"{Path(model.path) / CONFIG_FILE}: {exc}"
+    generation_config, generation_config_error = read_generation_config(
+        options.generation_config_dir
+    )
     findings = preflight(
         PreflightInput(
             facts=facts,
@@ -90,6 +110,11 @@ def assess(
             table_shape=table_shape,
             port=options.port,
             host=options.host,
+            facts_source=facts_source,
+            generation_config_dir=options.generation_config_dir,
+            generation_config=generation_config,
+            generation_config_error=generation_config_error,
+            table_shape_error=table_shape_error,
         )
     )
     return Assessment(facts, profile, reason, model, model_error, the_plan, plan_error, findings)

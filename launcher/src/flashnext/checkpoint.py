@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import re
 import struct
 from collections import Counter, defaultdict
@@ -669,6 +670,41 @@ def fixed_quantization_config(model: ModelFacts) -> tuple[dict[str, Any], list[s
     return qcfg, notes
 
 
+# What vLLM 0.33.0 accepts for each key (vllm/sampling_params.py
+# SamplingParams._verify_args; max_new_tokens becomes max_tokens, config/model.py):
+# a default outside these ranges makes every request that relies on it fail.
+_BOOLEAN_KEYS = ("skip_special_tokens", "do_sample")
+_NUMBER_RANGES: dict[str, tuple[str, Any]] = {
+    "temperature": ("in [0, 2]", lambda v: 0 <= v <= 2),
+    "top_p": ("in (0, 1]", lambda v: 0 < v <= 1),
+    "min_p": ("in [0, 1]", lambda v: 0 <= v <= 1),
+    "presence_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2),
+    "frequency_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2),
+    "repetition_penalty": ("greater than 0", lambda v: v > 0),
+}
+
+
+def sampling_value_error(key: str, value: Any) -> str | None:
+    """Why vLLM would refuse `value` as the default for `key`, or None when it is fine."""
+    if key in _BOOLEAN_KEYS:
+        return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{key} must be a number, got {json.dumps(value)}"
+    if not math.isfinite(value):
+        return f"{key} must be a finite number, got {value!r}"
+    if key == "top_k":
+        if not isinstance(value, int):
+            return f"top_k must be an integer, got {value!r}"
+        return None if value >= -1 else f"top_k must be -1 or 0 (off) or at least 1, got {value}"
+    if key == "max_new_tokens":
+        ok = isinstance(value, int) and value >= 1
+        return None if ok else f"max_new_tokens must be an integer >= 1, got {value!r}"
+    rule = _NUMBER_RANGES.get(key)
+    if rule and not rule[1](value):
+        return f"{key} must be {rule[0]}, got {value!r}"
+    return None
+
+
 def parse_sampling(pairs: Sequence[str]) -> dict[str, Any]:
     """`--sampling key=value` pairs; keys must be ones vLLM reads, values numbers/booleans."""
     out: dict[str, Any] = {}
@@ -689,6 +725,9 @@ def parse_sampling(pairs: Sequence[str]) -> dict[str, Any]:
             ) from None
         if not isinstance(value, int | float | bool):
             raise CheckpointError(f"--sampling {pair!r}: {raw!r} is not a number or true/false")
+        why = sampling_value_error(key, value)
+        if why:
+            raise CheckpointError(f"--sampling {pair!r}: {why} (vLLM refuses other values)")
         out[key] = value
     return out
 
@@ -699,7 +738,15 @@ def sampling_from_dir(source: Path) -> dict[str, Any]:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"--generation-config-from: cannot read {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"--generation-config-from: {path} is not a JSON object")
     keys = {k: doc[k] for k in RESTORABLE_KEYS if k in doc}
+    for key, value in keys.items():
+        why = None if value is None else sampling_value_error(key, value)
+        if why:
+            raise CheckpointError(
+                f"--generation-config-from: {path}: {why}; vLLM refuses it, nothing was changed"
+            )
     if not sampling_keys_present(keys):
         raise CheckpointError(
             f"--generation-config-from: {path} has none of {', '.join(VLLM_SAMPLING_KEYS)} either; "
@@ -745,18 +792,24 @@ def plan_fix(model: ModelFacts, sampling: Mapping[str, Any] | None = None) -> Fi
     return plan
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    write_text_atomic(path, text)
+def _atomic_write(path: Path, text: str, mode: int | None = None) -> None:
+    write_text_atomic(path, text, mode)
 
 
 def apply_fix(plan: FixPlan) -> list[Path]:
-    """Back up each original once (FILE.orig, never overwritten), then write atomically."""
+    """Back up each original once (FILE.orig, never overwritten), then write atomically.
+
+    A backup keeps its original's mode; a file that did not exist gets config.json's,
+    so whoever can read the checkpoint (vLLM's user) can read what fix writes.
+    """
     backups = []
+    default_mode = (plan.model_dir / CONFIG_FILE).stat().st_mode & 0o777
     for name, (old, new) in plan.changes.items():
         path = plan.model_dir / name
         backup = path.with_name(path.name + BACKUP_SUFFIX)
+        mode = path.stat().st_mode & 0o777 if path.exists() else default_mode
         if path.exists() and not backup.exists():
-            _atomic_write(backup, old)
+            _atomic_write(backup, old, mode)
             backups.append(backup)
-        _atomic_write(path, new)
+        _atomic_write(path, new, mode)
     return backups

@@ -8,16 +8,18 @@ required, a message citing the fact, and a fix you can paste.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
 from flashnext.render import gib, size
-from flashnext.table.file_layout import both_sizes, layouts_matching
+from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
 from flashnext.table.storage_policy import storage_refusal
 
 Level = Literal["ok", "warn", "fail"]
@@ -50,6 +52,16 @@ class PreflightInput:
     """(rows, cols) of the PLE table the model config implies; None without a model."""
     port: int
     host: str
+    facts_source: str | None = None
+    """The facts file replayed with --facts; None when the facts were probed here."""
+    generation_config_dir: str | None = None
+    """--generation-config DIR: vLLM takes its sampling defaults from there instead."""
+    generation_config: dict[str, Any] | None = None
+    """DIR/generation_config.json, when it could be read."""
+    generation_config_error: str | None = None
+    """Why DIR/generation_config.json could not be read."""
+    table_shape_error: str | None = None
+    """Why config.json implies no table shape (table_shape is then None)."""
 
 
 def _ok(id_: str, measured: str, required: str, message: str) -> Finding:
@@ -240,8 +252,9 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
             "warn",
             "unknown",
             f">= {gib(need)}",
-            f"MemAvailable could not be read ({mem.error})",
-            "check /proc/meminfo",
+            f"{_not_known(inp, 'MemAvailable', 'mem_available_bytes')}: whether "
+            f"{gib(need)} fit is unknown",
+            f"check /proc/meminfo where vLLM will run; {_RECORD_FACTS}",
         )
     elif avail < need:
         yield Finding(
@@ -259,6 +272,17 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
     soft = mem.memlock_soft_bytes
     if pinned == 0:
         yield _ok("host.memlock", _limit(soft), "any", "nothing pinned beyond defaults")
+    elif "memlock_soft_bytes" in mem.unknown:
+        yield Finding(
+            "host.memlock",
+            "warn",
+            "unknown",
+            f">= {gib(pinned)} or unlimited",
+            f"{_not_known(inp, 'RLIMIT_MEMLOCK', 'memlock_soft_bytes')}: whether the pinned "
+            f"QSA K/V pools ({gib(pinned)}) can be locked is unknown",
+            f"check `ulimit -l` where vLLM will run (unlimited, or >= {gib(pinned)}); "
+            f"{_RECORD_FACTS}",
+        )
     elif soft is not None and soft < pinned:
         yield Finding(
             "host.memlock",
@@ -273,7 +297,18 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
         yield _ok("host.memlock", _limit(soft), f">= {gib(pinned)} or unlimited", "enough")
 
     limit = mem.cgroup_memory_limit_bytes
-    if limit is not None and limit < need:
+    if "cgroup_memory_limit_bytes" in mem.unknown:
+        yield Finding(
+            "host.cgroup",
+            "warn",
+            "unknown",
+            f">= {gib(need)} or no limit",
+            f"{_not_known(inp, 'the memory cgroup limit', 'cgroup_memory_limit_bytes')}: "
+            f"whether the plan's {gib(need)} fit under it is unknown",
+            "check memory.max of the cgroup vLLM will run in (podman/docker: --memory); "
+            f"{_RECORD_FACTS}",
+        )
+    elif limit is not None and limit < need:
         yield Finding(
             "host.cgroup",
             "fail",
@@ -292,7 +327,17 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
         )
 
     min_shm = inp.profile.memory.min_shm_bytes
-    if mem.shm_total_bytes is None or mem.shm_total_bytes < min_shm:
+    if "shm_total_bytes" in mem.unknown:
+        yield Finding(
+            "host.shm",
+            "warn",
+            "unknown",
+            f">= {gib(min_shm)}",
+            f"{_not_known(inp, 'the size of /dev/shm', 'shm_total_bytes')}: NCCL and vLLM's "
+            "broadcast queues live there",
+            f"check `df -h /dev/shm` where vLLM will run; {_RECORD_FACTS}",
+        )
+    elif mem.shm_total_bytes is None or mem.shm_total_bytes < min_shm:
         yield Finding(
             "host.shm",
             "fail",
@@ -308,6 +353,22 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
 
 def _limit(n: int | None) -> str:
     return "unlimited" if n is None else size(n)
+
+
+_RECORD_FACTS = "to replay facts, record them there with `flashnext facts --out FILE`"
+
+
+def _facts_lack(inp: PreflightInput, what: str) -> str:
+    if inp.facts_source:
+        return f"{inp.facts_source} does not record {what}"
+    return f"the facts do not record {what}"
+
+
+def _not_known(inp: PreflightInput, what: str, field: str) -> str:
+    """Why a memory fact is unknown: the replayed file lacks it, or the probe failed."""
+    if inp.facts_source and field in inp.facts.memory.unknown:
+        return _facts_lack(inp, what)
+    return f"{what} could not be read ({inp.facts.memory.error or 'no reason given'})"
 
 
 # ---------------------------------------------------------------- plan
@@ -478,17 +539,12 @@ def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
 
 
 def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
+    if inp.generation_config_dir:
+        yield from _given_generation_config(inp)
+        return
     present = sampling_keys_present(inp.model.generation_config)
     if present:
         yield _ok("model.sampling", ", ".join(present), "sampling keys", "defaults present")
-        return
-    if inp.plan and "--generation-config" in inp.plan.argv:
-        yield _ok(
-            "model.sampling",
-            "from --generation-config",
-            "sampling keys",
-            "taken from the directory given",
-        )
         return
     yield Finding(
         "model.sampling",
@@ -499,6 +555,44 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
         "top_p 1, top_k 0 over 248k tokens and output degrades",
         f"flashnext checkpoint fix --model {inp.model_dir} --generation-config-from "
         "<dir of the original release>",
+    )
+
+
+def _given_generation_config(inp: PreflightInput) -> Iterator[Finding]:
+    """--generation-config DIR replaces the checkpoint's own: judge DIR's file."""
+    given = inp.generation_config_dir
+    required = ", ".join(VLLM_SAMPLING_KEYS[:4]) + ", ..."
+    fix = (
+        "pass --generation-config a directory holding the published generation_config.json "
+        "(with temperature, top_p, top_k), or leave it out to use the checkpoint's own"
+    )
+    if inp.generation_config_error:
+        yield Finding(
+            "model.sampling",
+            "fail",
+            "unreadable",
+            required,
+            f"{inp.generation_config_error}: vLLM would serve without sampling defaults",
+            fix,
+        )
+        return
+    present = sampling_keys_present(inp.generation_config)
+    if present:
+        yield _ok(
+            "model.sampling",
+            ", ".join(present),
+            "sampling keys",
+            f"from --generation-config {given}",
+        )
+        return
+    yield Finding(
+        "model.sampling",
+        "fail",
+        "no sampling keys",
+        required,
+        f"{Path(given) / 'generation_config.json'} sets none of {', '.join(VLLM_SAMPLING_KEYS)}: "
+        "vLLM falls back to temperature 1, top_p 1, top_k 0 and output degrades",
+        fix,
     )
 
 
@@ -518,6 +612,20 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
         )
         return
     st = inp.facts.storage.get("table")
+    if inp.facts_source and (st is None or not _same_path(st.path, inp.table_path)):
+        recorded = "no table storage" if st is None else f"the storage of {st.path}"
+        yield Finding(
+            "table.path",
+            "warn",
+            "not in the facts" if st is None else f"facts for {st.path}",
+            inp.table_path,
+            f"{inp.facts_source} records {recorded}, not of {inp.table_path}: its size, "
+            "manifest and medium are unknown",
+            "record facts for it on the serving host (`flashnext facts --table "
+            f"{inp.table_path} --out FILE`) and pass --facts FILE"
+            + ("" if st is None else f", or pass --table {st.path}"),
+        )
+        return
     if st is None or not st.exists:
         yield Finding(
             "table.path",
@@ -551,8 +659,21 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
     yield from _table_medium(inp, st)
 
 
+def _same_path(recorded: str, asked: str) -> bool:
+    return os.path.normpath(recorded) == os.path.normpath(os.path.abspath(asked))
+
+
 def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     if inp.table_shape is None:
+        if inp.table_shape_error:
+            yield Finding(
+                "table.size",
+                "fail",
+                "unknown",
+                "the shape config.json implies",
+                f"cannot tell the PLE table's shape: {inp.table_shape_error}",
+                "restore config.json from the published checkpoint",
+            )
         return
     rows, cols = inp.table_shape
     row_bytes = cols * 2  # BF16
@@ -571,12 +692,89 @@ def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
             f"--out {inp.table_path}` (add --layout page-aligned for the page-aligned layout)",
         )
     else:
-        yield _ok(
+        yield from _table_manifest(inp, st, fits)
+
+
+def _table_manifest(inp: PreflightInput, st: StorageFacts, fits: list[str]) -> Iterator[Finding]:
+    """The size fits a layout; vLLM reads which one from the manifest (none: packed)."""
+    rows, cols = inp.table_shape
+    row_bytes = cols * 2
+    shape = f"[{rows}, {cols}] BF16"
+    measured = f"{st.size_bytes} bytes"
+    table = inp.table_path
+    m = st.manifest
+    name = Path(m.path).name if m else f"{Path(table).name}.json"
+    redo = (
+        f"remove {table} and {name} and rerun `flashnext table prepare --model "
+        f"{inp.model_dir} --out {table}`"
+    )
+    if m is None:
+        yield Finding(
             "table.size",
-            f"{st.size_bytes} bytes",
-            f"[{rows}, {cols}] BF16",
-            f"exact size ({fits[0]} layout)",
+            "warn",
+            measured,
+            shape,
+            f"{_facts_lack(inp, f'the table manifest ({name})')}, as facts from a flashnext "
+            f"before manifests were read: whether vLLM takes the file as {fits[0]} is unknown",
+            f"record facts with this flashnext on the serving host (`flashnext facts --table "
+            f"{table} --out FILE`)",
         )
+        return
+    if not m.exists:
+        if PACKED in fits:
+            yield _ok("table.size", measured, shape, "exact size (packed layout, no manifest)")
+            return
+        yield Finding(
+            "table.size",
+            "fail",
+            measured,
+            f"{table_bytes(rows, row_bytes, PACKED)} bytes (packed: no manifest)",
+            f"{table} has no manifest ({name}), so vLLM reads it as packed: "
+            f"{table_bytes(rows, row_bytes, PACKED)} bytes, but it is {st.size_bytes} bytes "
+            f"(the {fits[0]} size: its manifest is missing)",
+            f"restore {name} from where the table was prepared, or remove {table} and rerun "
+            f"`flashnext table prepare --model {inp.model_dir} --out {table} --layout {fits[0]}`",
+        )
+        return
+    doc = m.doc or {}
+    layout = doc.get("layout", PACKED)
+    if m.error or layout not in LAYOUTS:
+        why = m.error or f"layout is {layout!r}, not one of {', '.join(LAYOUTS)}"
+        yield Finding(
+            "table.size",
+            "fail",
+            f"{name}: unreadable" if m.error else f"{name}: layout {layout!r}",
+            shape,
+            f"{m.path}: {why}: vLLM refuses to load the table",
+            redo,
+        )
+        return
+    found = (doc.get("rows"), doc.get("dim"), doc.get("dtype"))
+    if found != (rows, cols, "BF16"):
+        yield Finding(
+            "table.size",
+            "fail",
+            f"{name}: [{found[0]}, {found[1]}] {found[2]}",
+            shape,
+            f"{name} describes [{found[0]}, {found[1]}] {found[2]} rows, the model config "
+            f"implies {shape}: vLLM refuses the table",
+            redo,
+        )
+        return
+    want = table_bytes(rows, row_bytes, layout)
+    if st.size_bytes != want:
+        yield Finding(
+            "table.size",
+            "fail",
+            measured,
+            f"{want} bytes ({layout}, per {name})",
+            f"{table} is {st.size_bytes} bytes, but {name} says the {layout} layout: {want} "
+            f"bytes for {shape}; vLLM refuses it (the size is the {fits[0]} one: the manifest "
+            "is stale)",
+            redo,
+        )
+        return
+    yield _ok("table.size", measured, shape, f"exact size ({layout} layout, per {m.path})")
 
 
 def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
@@ -613,9 +811,20 @@ def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
 
 @check
 def port(inp: PreflightInput) -> Iterator[Finding]:
-    for p in inp.facts.ports:
-        if p.port != inp.port:
-            continue
+    probed = [p for p in inp.facts.ports if (p.host, p.port) == (inp.host, inp.port)]
+    if not probed:
+        held = ", ".join(f"{p.host}:{p.port}" for p in inp.facts.ports) or "none"
+        yield Finding(
+            "port",
+            "warn",
+            "unknown",
+            "free",
+            f"{_facts_lack(inp, f'a probe of {inp.host}:{inp.port}')} (it has {held}): "
+            "whether the API can bind is unknown",
+            f"record facts with `flashnext facts --host {inp.host} --port {inp.port} --out FILE` "
+            "on the serving host and pass --facts FILE",
+        )
+    for p in probed:
         if p.free:
             yield _ok("port", f"{p.host}:{p.port} free", "free", "the API can bind")
         elif p.error:  # the probe could not answer (bad address, no permission)

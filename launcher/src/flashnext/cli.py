@@ -135,7 +135,7 @@ def _assess(kw: dict):
     )
     try:
         facts = load_facts(kw["facts_file"], options)
-        return assess(facts, options, kw["profile_name"])
+        return assess(facts, options, kw["profile_name"], facts_source=kw["facts_file"])
     except (FactsSchemaError, ProfileError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -352,7 +352,7 @@ def table_prepare(
     """
     from flashnext.render import console, gib
     from flashnext.table import TableError
-    from flashnext.table.prepare import prepare_table
+    from flashnext.table.prepare import PrepareInterrupted, prepare_table
     from flashnext.table.progress import byte_progress
 
     try:
@@ -368,6 +368,12 @@ def table_prepare(
             )
     except TableError as exc:
         raise click.ClickException(str(exc)) from exc
+    except PrepareInterrupted as exc:  # Ctrl-C mid-copy: say what is kept; 130 = SIGINT
+        click.echo(str(exc), err=True)
+        raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted before the copy started: nothing was written", err=True)
+        raise SystemExit(130) from None
     if result.storage_warning:
         click.echo(f"warning (--force): {result.storage_warning}", err=True)
     if as_json:
@@ -1003,7 +1009,13 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
     if out_file is None:
         emit_json(doc)
         return
-    r.write_report(Path(out_file), json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    try:
+        r.write_report(Path(out_file), json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write {out_file}: {exc.strerror or exc}\n"
+            "  fix: pass --out a path on a writable filesystem, or drop --out to print the report"
+        ) from exc
     if as_json:
         emit_json({"out": out_file, "redactions": doc["redactions"]})
     else:

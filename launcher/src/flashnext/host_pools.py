@@ -12,24 +12,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashnext import qsa_sizing
+from flashnext.facts.model_derived import config_int
 
 
 def shape_from_text(text: dict[str, Any], num_speculative_tokens: int = 0) -> qsa_sizing.QsaShape:
     """The sizing inputs, read from the checkpoint's text_config."""
     return qsa_sizing.QsaShape(
-        num_hidden_layers=int(text["num_hidden_layers"]),
-        full_attention_interval=int(text.get("full_attention_interval", 4)),
-        num_key_value_heads=int(text["num_key_value_heads"]),
-        head_dim=int(text["head_dim"]),
-        linear_num_key_heads=int(text["linear_num_key_heads"]),
-        linear_num_value_heads=int(text["linear_num_value_heads"]),
-        linear_key_head_dim=int(text["linear_key_head_dim"]),
-        linear_value_head_dim=int(text["linear_value_head_dim"]),
-        linear_conv_kernel_dim=int(text["linear_conv_kernel_dim"]),
-        num_attention_heads=int(text["num_attention_heads"]),
-        indexer_head_dim=int(text["indexer_head_dim"]),
-        indexer_compress_ratio=int(text["indexer_compress_ratio"]),
-        indexer_budget=int(text.get("indexer_budget", 2048)),
+        num_hidden_layers=config_int(text, "num_hidden_layers"),
+        full_attention_interval=config_int(text, "full_attention_interval", 4),
+        num_key_value_heads=config_int(text, "num_key_value_heads"),
+        head_dim=config_int(text, "head_dim"),
+        linear_num_key_heads=config_int(text, "linear_num_key_heads"),
+        linear_num_value_heads=config_int(text, "linear_num_value_heads"),
+        linear_key_head_dim=config_int(text, "linear_key_head_dim"),
+        linear_value_head_dim=config_int(text, "linear_value_head_dim"),
+        linear_conv_kernel_dim=config_int(text, "linear_conv_kernel_dim"),
+        num_attention_heads=config_int(text, "num_attention_heads"),
+        indexer_head_dim=config_int(text, "indexer_head_dim"),
+        indexer_compress_ratio=config_int(text, "indexer_compress_ratio"),
+        indexer_budget=config_int(text, "indexer_budget", 2048),
         ssm_state_bytes=4 if text.get("mamba_ssm_dtype", "float32") == "float32" else 2,
         num_speculative_tokens=num_speculative_tokens,
     )

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from flashnext import host_pools, qsa_sizing
-from flashnext.facts.model_derived import ple_layer_ids, ple_shard_names
+from flashnext.facts.model_derived import (
+    ConfigValueError,
+    config_int,
+    ple_layer_ids,
+    ple_shard_names,
+)
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.partition import pp_layer_ranges, rank_of_layer
 from flashnext.placement import place_tensor
@@ -152,8 +158,8 @@ def qsa_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
     layer_types = text_config.get("layer_types")
     if layer_types:
         return tuple(i for i, kind in enumerate(layer_types) if kind == "full_attention")
-    interval = int(text_config.get("full_attention_interval", 4))
-    n = int(text_config["num_hidden_layers"])
+    interval = config_int(text_config, "full_attention_interval", 4)
+    n = config_int(text_config, "num_hidden_layers")
     return tuple(i for i in range(n) if (i + 1) % interval == 0)
 
 
@@ -222,11 +228,35 @@ def plan(
     options: PlanOptions,
     profile_reason: str = "",
 ) -> Plan:
+    """Raises PlanError naming config.json and the key when its values cannot be planned."""
+    try:
+        return _plan(facts, model, profile, options, profile_reason)
+    except ConfigValueError as exc:
+        raise PlanError(
+            f"{Path(model.path) / 'config.json'}: {exc}; restore config.json from the "
+            "published checkpoint"
+        ) from exc
+
+
+def _plan(
+    facts: HostFacts,
+    model: ModelFacts,
+    profile: Profile,
+    options: PlanOptions,
+    profile_reason: str,
+) -> Plan:
     text = model.text_config
+    if not isinstance(text, dict):
+        raise ConfigValueError(f"text_config is {text!r}, not an object")
     pp = profile.parallel.pipeline_parallel_size
-    num_layers = int(text["num_hidden_layers"])
+    num_layers = config_int(text, "num_hidden_layers")
     ranges = pp_layer_ranges(num_layers, pp, options.pp_layer_partition)
     ple_layers = ple_layer_ids(text)
+    beyond = [i + 1 for i in ple_layers if i >= num_layers]
+    if beyond:
+        raise ConfigValueError(
+            f"ple_layer_ids {beyond} name layer(s) beyond num_hidden_layers {num_layers}"
+        )
     ple_ranks = tuple(sorted({rank_of_layer(i, ranges) for i in ple_layers}))
     qsa_layers = qsa_layer_indices(text)
     notes: list[str] = []
@@ -278,8 +308,8 @@ def plan(
     decode = DecodeRoofline(
         dense_bytes=dense,
         routed_expert_bytes=routed,
-        experts_per_token=int(text.get("num_experts_per_tok", 0)),
-        num_experts=int(text.get("num_experts", 0)),
+        experts_per_token=config_int(text, "num_experts_per_tok", 0, minimum=0),
+        num_experts=config_int(text, "num_experts", 0, minimum=0),
         bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
     )
     from flashnext.command import build_command  # command renders a finished plan

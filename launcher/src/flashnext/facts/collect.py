@@ -6,6 +6,7 @@ that checks and plan consume, and that `flashnext facts --json` writes out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from types import ModuleType
 
 from flashnext.facts.gpu import probe_gpus
 from flashnext.facts.host import in_container, probe_memory
+from flashnext.facts.manifest import probe_manifest
 from flashnext.facts.ports import probe_port
 from flashnext.facts.schema import HostFacts
 from flashnext.facts.storage import probe_storage
@@ -41,10 +43,18 @@ def collect_host_facts(
         memory=probe_memory(proc, root),
         gpu=probe_gpus(nvml),
         storage={
-            role: probe_storage(path, proc, sys) for role, path in sorted((storage or {}).items())
+            role: _probe_role(role, path, proc, sys)
+            for role, path in sorted((storage or {}).items())
         },
         ports=tuple(probe_port(host, port) for host, port in ports),
     )
+
+
+def _probe_role(role: str, path: str | os.PathLike[str], proc: str, sys: str):
+    facts = probe_storage(path, proc, sys)
+    if role == "table":  # vLLM learns the table's layout from its manifest
+        facts = dataclasses.replace(facts, manifest=probe_manifest(path))
+    return facts
 
 
 # ---------------------------------------------------------------- for people
@@ -57,7 +67,9 @@ def _size(n: int | None) -> str:
     return f"{n / (1 << 20):.2f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
-def _limit(n: int | None) -> str:
+def _limit(n: int | None, unknown: bool = False) -> str:
+    if unknown:
+        return "unknown"
     return "unlimited" if n is None else _size(n)
 
 
@@ -93,11 +105,13 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
         ["hugepages", hugepages],
         [
             "cgroup memory limit",
-            f"{_limit(m.cgroup_memory_limit_bytes)} ({m.cgroup_version or 'no memory cgroup'})",
+            f"{_limit(m.cgroup_memory_limit_bytes, 'cgroup_memory_limit_bytes' in m.unknown)} "
+            f"({m.cgroup_version or 'no memory cgroup'})",
         ],
         [
             "RLIMIT_MEMLOCK soft / hard",
-            f"{_limit(m.memlock_soft_bytes)} / {_limit(m.memlock_hard_bytes)}",
+            f"{_limit(m.memlock_soft_bytes, 'memlock_soft_bytes' in m.unknown)} / "
+            f"{_limit(m.memlock_hard_bytes, 'memlock_hard_bytes' in m.unknown)}",
         ],
         ["/dev/shm total / free", f"{_gib(m.shm_total_bytes)} / {_gib(m.shm_free_bytes)}"],
         ["yama ptrace_scope", "not present" if m.ptrace_scope is None else m.ptrace_scope],

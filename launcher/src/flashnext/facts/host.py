@@ -170,14 +170,18 @@ def probe_memory(proc: str = "/proc", root: str = "/") -> MemoryFacts:
     except OSError as exc:
         errors.append(f"meminfo: {exc}")
 
+    # A limit that could not be read is unknown, not "unlimited" (see MemoryFacts.unknown).
+    unknown: list[str] = []
     try:
         version, limit, cgroup_error = probe_cgroup_memory(proc, root)
         values["cgroup_version"] = version
         values["cgroup_memory_limit_bytes"] = limit
         if cgroup_error:
             errors.append(f"cgroup: {cgroup_error}")
+            unknown.append("cgroup_memory_limit_bytes")
     except (OSError, ValueError) as exc:
         errors.append(f"cgroup: {exc}")
+        unknown += ["cgroup_version", "cgroup_memory_limit_bytes"]
 
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -185,6 +189,7 @@ def probe_memory(proc: str = "/proc", root: str = "/") -> MemoryFacts:
         values["memlock_hard_bytes"] = _rlimit_bytes(hard)
     except (OSError, ValueError) as exc:
         errors.append(f"RLIMIT_MEMLOCK: {exc}")
+        unknown += ["memlock_hard_bytes", "memlock_soft_bytes"]
 
     try:
         st = os.statvfs(os.path.join(root, "dev", "shm"))
@@ -194,6 +199,7 @@ def probe_memory(proc: str = "/proc", root: str = "/") -> MemoryFacts:
         pass  # no /dev/shm is a fact (None), not a probe failure
     except OSError as exc:
         errors.append(f"/dev/shm: {exc}")
+        unknown += ["shm_free_bytes", "shm_total_bytes"]
 
     try:
         text = _read_text(os.path.join(proc, "sys", "kernel", "yama", "ptrace_scope"))
@@ -208,7 +214,11 @@ def probe_memory(proc: str = "/proc", root: str = "/") -> MemoryFacts:
     except (OSError, AttributeError):
         values["cpu_count"] = os.cpu_count()
 
-    return MemoryFacts(error="; ".join(errors) or None, **values)  # type: ignore[arg-type]
+    return MemoryFacts(
+        error="; ".join(errors) or None,
+        unknown=tuple(sorted(unknown)),
+        **values,  # type: ignore[arg-type]
+    )
 
 
 # ---------------------------------------------------------------- identity

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -283,6 +284,7 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
                 f"{index_path}: weight_map entry {tensor!r} names {file!r}, not a file "
                 f"in the model directory; {fix}"
             )
+        _check_index_names_every_file(index_path, model_dir, files)
         return files, weight_map
     if (model_dir / SINGLE_FILE).exists():
         return (SINGLE_FILE,), None
@@ -290,6 +292,54 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
         f"{model_dir}: neither {INDEX_FILE} nor {SINGLE_FILE} found; point --model at the "
         "checkpoint directory (the one holding config.json and the .safetensors files) and "
         "finish the download"
+    )
+
+
+# Sharded exports name their files PREFIX-00001-of-00039.safetensors: the count is in the name.
+_NUMBERED_SHARD = re.compile(r"(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors")
+
+
+def _check_index_names_every_file(
+    index_path: Path, model_dir: Path, files: tuple[str, ...]
+) -> None:
+    """vLLM loads by the index: a shard file it maps no tensor to is never read, so its
+    tensors would be missing. The shard names say how many files the export has."""
+    numbered = [m for m in map(_NUMBERED_SHARD.fullmatch, files) if m]
+    kinds = {(m["stem"], len(m["i"]), m["n"]) for m in numbered}
+    if len(numbered) != len(files) or len(kinds) != 1:
+        return  # not one numbered series: nothing to count against
+    stem, width, count = kinds.pop()
+    listed = set(files)
+    for i in range(1, int(count) + 1):
+        name = f"{stem}-{i:0{width}d}-of-{count}.safetensors"
+        if name in listed:
+            continue
+        where = f"shard {i} of {int(count)}"
+        if (model_dir / name).exists():
+            raise ModelFactsError(
+                f"{index_path}: maps no tensor to {name}, which is in the directory ({where}); "
+                "vLLM loads by the index, so its tensors would be missing: download "
+                f"{INDEX_FILE} again (it must come from the same export as the shards)"
+            )
+        raise ModelFactsError(
+            f"{index_path}: maps no tensor to {name}, which is not in the directory either "
+            f"({where}): the download is incomplete; fetch the checkpoint again "
+            "(`hf download` resumes)"
+        )
+
+
+def read_generation_config_dir(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """generation_config.json of a --generation-config DIR. Raises ModelFactsError."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ModelFactsError(
+            f"{root}: not a directory; pass --generation-config the directory that holds "
+            f"{GENERATION_CONFIG_FILE}"
+        )
+    return _read_json(
+        root / GENERATION_CONFIG_FILE,
+        "generation config",
+        "copy the published checkpoint's generation_config.json there",
     )
 
 

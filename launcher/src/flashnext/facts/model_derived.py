@@ -13,6 +13,7 @@ under the `vllm/` package of the 0.33.0 wheel):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # Keys vLLM 0.33.0 takes from generation_config.json as default sampling
@@ -33,6 +34,28 @@ VLLM_SAMPLING_KEYS: tuple[str, ...] = (
 # Where the published (Qwen4ExpForConditionalGeneration) checkpoint keeps the
 # text model; vLLM maps it to `language_model.model.` when loading.
 TEXT_PREFIX = "model.language_model."
+
+
+class ConfigValueError(ValueError):
+    """A config.json value no Qwen4Exp model has; the message names the key and the value.
+
+    Callers that know the file prefix its path (plan, preflight, table prepare).
+    """
+
+
+def config_int(
+    config: dict[str, Any], key: str, default: int | None = None, *, minimum: int = 1
+) -> int:
+    """`config[key]` as an integer >= minimum (a whole float such as 48.0 counts);
+    `default` when the key is absent, ConfigValueError when it is required or wrong."""
+    value = config.get(key, default)
+    if value is None and key not in config:
+        raise ConfigValueError(f"{key} is missing")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if type(value) is not int or value < minimum:
+        raise ConfigValueError(f"{key} is {value!r}, not an integer >= {minimum}")
+    return value
 
 
 def sampling_keys_present(generation_config: dict[str, Any] | None) -> tuple[str, ...]:
@@ -83,18 +106,22 @@ def _primes_from(start: int, count: int) -> list[int]:
 
 def ple_layer_ids(text_config: dict[str, Any]) -> tuple[int, ...]:
     """Zero-based decoder layer indices that hold a PLE module (`ple_layer_ids` is one-based)."""
-    return tuple(sorted({int(i) - 1 for i in text_config.get("ple_layer_ids") or ()}))
+    ids = text_config.get("ple_layer_ids") or []
+    if not isinstance(ids, list):
+        raise ConfigValueError(f"ple_layer_ids is {ids!r}, not a list of layer numbers")
+    return tuple(sorted({config_int({"ple_layer_ids": i}, "ple_layer_ids") - 1 for i in ids}))
 
 
 def ple_ngram_heads(text_config: dict[str, Any]) -> int:
     """Hashed n-gram heads per PLE layer: (ngram_size - 1) orders x heads_per_ngram."""
-    return (int(text_config.get("ngram_size", 3)) - 1) * int(text_config.get("heads_per_ngram", 8))
+    orders = config_int(text_config, "ngram_size", 3, minimum=2) - 1
+    return orders * config_int(text_config, "heads_per_ngram", 8)
 
 
 def ple_head_vocab_sizes(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, ...]:
     """Rows of each n-gram head's hash table for the `ple_index`-th PLE layer (dense id)."""
     heads = ple_ngram_heads(text_config)
-    base = int(text_config.get("ngram_vocab_size_base", 20_000_000))
+    base = config_int(text_config, "ngram_vocab_size_base", 20_000_000)
     primes = _primes_from(base, (ple_index + 1) * heads)
     return tuple(primes[ple_index * heads :])
 
@@ -102,11 +129,12 @@ def ple_head_vocab_sizes(text_config: dict[str, Any], ple_index: int = 0) -> tup
 def ple_table_shape(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, int]:
     """(rows, cols) of one PLE layer's n-gram table: 320001536 x 160 for the shipped config."""
     heads = ple_ngram_heads(text_config)
-    embed_dim = int(text_config.get("ple_embed_dim") or text_config["hidden_size"])
+    key = "ple_embed_dim" if text_config.get("ple_embed_dim") else "hidden_size"
+    embed_dim = config_int(text_config, key)
     if heads <= 0 or embed_dim % heads:
         raise ValueError(f"ple_embed_dim {embed_dim} is not divisible by {heads} n-gram heads")
     total = sum(ple_head_vocab_sizes(text_config, ple_index))
-    divisor = int(text_config.get("make_ngram_vocab_size_divisible_by", 128))
+    divisor = config_int(text_config, "make_ngram_vocab_size_divisible_by", 128)
     rows = -(-total // divisor) * divisor
     return rows, embed_dim // heads
 
@@ -114,14 +142,14 @@ def ple_table_shape(text_config: dict[str, Any], ple_index: int = 0) -> tuple[in
 def ple_shard_rows(text_config: dict[str, Any], ple_index: int = 0) -> tuple[int, ...]:
     """Rows of each checkpoint shard of a PLE table, in shard order."""
     rows, _ = ple_table_shape(text_config, ple_index)
-    parts = int(text_config.get("split_ngram_parts", 512))
+    parts = config_int(text_config, "split_ngram_parts", 512)
     per = -(-rows // parts)
     return tuple(max(0, min(per, rows - i * per)) for i in range(parts))
 
 
 def ple_shard_names(text_config: dict[str, Any], prefix: str = TEXT_PREFIX) -> tuple[str, ...]:
     """Checkpoint names of every PLE table shard, all PLE layers, in load order."""
-    parts = int(text_config.get("split_ngram_parts", 512))
+    parts = config_int(text_config, "split_ngram_parts", 512)
     return tuple(
         f"{prefix}layers.{layer}.ple.ple_embedding.ngram_embedding.shard_{i}.weight"
         for layer in ple_layer_ids(text_config)

@@ -52,6 +52,9 @@ class MemoryFacts:
     cpu_count: int | None = None
     """CPUs this process may run on (sched_getaffinity)."""
     error: str | None = None
+    unknown: tuple[str, ...] = ()
+    """Fields whose value is not known: the probe failed, or a replayed facts file
+    lacks them. Their None then means "unknown", never "unlimited" or "no limit"."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,18 @@ class BlockDevice:
 
 
 @dataclass(frozen=True)
+class ManifestFacts:
+    """The PLE table's manifest (TABLE.json beside the flat file), as read; judged by preflight."""
+
+    path: str
+    exists: bool = False
+    doc: dict[str, Any] | None = None
+    """The manifest's JSON object; None when it is missing or could not be read."""
+    error: str | None = None
+    """Why it could not be read: I/O error, not JSON, not an object."""
+
+
+@dataclass(frozen=True)
 class StorageFacts:
     path: str
     exists: bool = False
@@ -127,6 +142,9 @@ class StorageFacts:
     """Leaf block devices backing the mount (empty for tmpfs/overlay/network)."""
     free_bytes: int | None = None
     error: str | None = None
+    manifest: ManifestFacts | None = None
+    """Role "table" only: the manifest beside the file (what vLLM reads to learn its
+    layout). None: not probed (other roles; facts from before manifests were read)."""
 
     @property
     def transport(self) -> str:
@@ -236,7 +254,22 @@ def host_facts_from_json(text: str, source: str = "facts") -> HostFacts:
             f"{source}: schema_version {version!r}, this flashnext reads version "
             f"{SCHEMA_VERSION}; re-run `flashnext facts --json` with this flashnext"
         )
-    return _build(HostFacts, doc, source)
+    facts = _build(HostFacts, doc, source)
+    # A field the file does not carry is unknown: for memory limits, None would
+    # otherwise read as "unlimited" / "no limit".
+    memory = doc.get("memory")
+    absent = [f for f in _RECORDED_MEMORY_FIELDS if not isinstance(memory, dict) or f not in memory]
+    if absent:
+        unknown = tuple(sorted({*facts.memory.unknown, *absent}))
+        facts = dataclasses.replace(
+            facts, memory=dataclasses.replace(facts.memory, unknown=unknown)
+        )
+    return facts
+
+
+_RECORDED_MEMORY_FIELDS = tuple(
+    f.name for f in dataclasses.fields(MemoryFacts) if f.name not in ("error", "unknown")
+)
 
 
 # ---------------------------------------------------------------- model facts

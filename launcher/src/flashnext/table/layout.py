@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashnext.facts.model_derived import ple_table_shape
+from flashnext.facts.model_derived import config_int, ple_table_shape
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import PACKED, check_layout, table_bytes
 
@@ -41,6 +41,8 @@ class PleShard:
     """Absolute offset of the shard's first row in `file`."""
     rows: int
     row_bytes: int
+    file_size_bytes: int = 0
+    """Size of `file` its safetensors header implies (read_layout checks the disk against it)."""
 
     @property
     def nbytes(self) -> int:
@@ -90,12 +92,14 @@ class TableLayout:
         """Digest of what the flat file is built from: names, offsets, shapes, file sizes.
 
         A resumed prepare continues only if this is unchanged, so a partial file
-        from another checkpoint (or a re-exported one) is never extended.
+        from another checkpoint (or a re-exported one) is never extended. File sizes
+        are the ones the headers imply (read_layout refuses a file of another size),
+        so a shard that was short and is downloaded again keeps the identity and the
+        copy resumes.
         """
         h = hashlib.sha256()
-        base = Path(self.model_dir)
         for s in self.shards:
-            size = (base / s.file).stat().st_size
+            size = s.file_size_bytes
             h.update(
                 f"{s.name}|{s.file}|{size}|{s.data_offset_bytes}|{s.rows}|{s.row_bytes}\n".encode()
             )
@@ -154,6 +158,13 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
                 f"{index}: unreadable or without weight_map ({exc})",
                 fix="re-download the checkpoint's model.safetensors.index.json",
             ) from exc
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()
+        ):
+            raise TableError(
+                f"{index}: weight_map is not an object of tensor name -> file name",
+                fix="re-download the checkpoint's model.safetensors.index.json",
+            )
         # Only the files that hold PLE shards are opened: their names say so.
         return sorted({f for n, f in weight_map.items() if SHARD_NAME.match(n)})
     files = sorted(p.name for p in model_dir.glob("*.safetensors"))
@@ -165,6 +176,15 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
     return files
 
 
+_RESTORE_CONFIG = "restore config.json from the published checkpoint"
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), "null"
+    )
+
+
 def _text_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     try:
@@ -173,16 +193,93 @@ def _text_config(model_dir: Path) -> dict[str, Any]:
         raise TableError(
             f"{path}: cannot read ({exc})", fix="pass --model the checkpoint directory"
         ) from exc
-    return config.get("text_config", config)
+    if not isinstance(config, dict):
+        raise TableError(
+            f"{path}: the model config is a JSON {_json_kind(config)}, not an object",
+            fix=_RESTORE_CONFIG,
+        )
+    text_config = config.get("text_config", config)
+    if not isinstance(text_config, dict):
+        raise TableError(
+            f"{path}: text_config is a JSON {_json_kind(text_config)}, not an object",
+            fix=_RESTORE_CONFIG,
+        )
+    return text_config
 
 
 def expected_dim(text_config: dict[str, Any]) -> int | None:
-    """Row width (elements) the model expects: ple_embed_dim over the n-gram heads."""
-    try:
-        heads = (int(text_config["ngram_size"]) - 1) * int(text_config["heads_per_ngram"])
-        return int(text_config["ple_embed_dim"]) // heads
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    """Row width (elements) the model expects: ple_embed_dim over the n-gram heads.
+
+    None when the config does not say (a key is absent); ConfigValueError when it
+    says something no model has (heads_per_ngram 0, a word for a number).
+    """
+    if any(k not in text_config for k in ("ngram_size", "heads_per_ngram", "ple_embed_dim")):
         return None
+    heads = (config_int(text_config, "ngram_size", minimum=2) - 1) * config_int(
+        text_config, "heads_per_ngram"
+    )
+    return config_int(text_config, "ple_embed_dim") // heads
+
+
+def _offsets(file: Path, name: str, info: Any) -> tuple[int, int]:
+    """A tensor's [begin, end) in the data region, refused unless two ordered byte offsets."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise TableError(
+            f"{file}: tensor {name!r} has data_offsets {offsets!r}, not [begin, end] byte offsets",
+            fix=f"re-download {file.name}: its header is damaged",
+        )
+    return offsets[0], offsets[1]
+
+
+def _check_file_size(file: Path, header: dict[str, Any], data_start: int) -> int:
+    """The file's size must be what its header describes: a short one is a partial download.
+
+    Checked before anything is written, so a copy never stops halfway on it. Returns
+    the size.
+    """
+    ends = [_offsets(file, n, i)[1] for n, i in header.items() if n != "__metadata__"]
+    want = data_start + max(ends, default=0)
+    try:
+        have = file.stat().st_size
+    except OSError as exc:
+        raise TableError(f"{file}: cannot read ({exc.strerror})") from exc
+    redo = (
+        f"re-download {file.name}, then rerun the same command (an interrupted prepare "
+        "resumes where it stopped)"
+    )
+    if have < want:
+        raise TableError(
+            f"{file}: {have} bytes, but its safetensors header describes {want}: "
+            f"{want - have} bytes are missing (an interrupted download)",
+            fix=redo,
+        )
+    if have > want:
+        raise TableError(
+            f"{file}: {have} bytes, but its safetensors header describes {want}: "
+            f"{have - want} bytes more than it should hold (not the file its header belongs to)",
+            fix=redo,
+        )
+    return have
+
+
+def _shard_shape(file: Path, name: str, info: dict[str, Any]) -> tuple[int, int]:
+    shape = info.get("shape")
+    if not (
+        isinstance(shape, list)
+        and len(shape) == 2
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise TableError(
+            f"{file}: tensor {name!r} has shape {shape!r}, not [rows, width] in whole numbers",
+            fix=f"re-download {file.name}: its header is damaged",
+        )
+    return shape[0], shape[1]
 
 
 def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
@@ -191,12 +288,25 @@ def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
     if not base.is_dir():
         raise TableError(f"{base}: not a directory", fix="pass --model the checkpoint directory")
     text_config = _text_config(base)
+    try:
+        return _read_layout(base, text_config)
+    except ValueError as exc:  # ConfigValueError names the key; the rest, the clash
+        raise TableError(f"{base / 'config.json'}: {exc}", fix=_RESTORE_CONFIG) from exc
+
+
+def _read_layout(base: Path, text_config: dict[str, Any]) -> TableLayout:
     found: dict[int, PleShard] = {}
     layers: set[str] = set()
     dtypes: set[str] = set()
     dims: set[int] = set()
+    parts = None
+    if "split_ngram_parts" in text_config:
+        parts = config_int(text_config, "split_ngram_parts")
+    want_dim = expected_dim(text_config)
     for file in _checkpoint_files(base):
-        header, data_start = read_header(base / file)
+        path = base / file
+        header, data_start = read_header(path)
+        file_size = _check_file_size(path, header, data_start)
         for name, info in header.items():
             m = SHARD_NAME.match(name)
             if not m:
@@ -206,21 +316,23 @@ def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
                     f"{file}: {name}: a quantized PLE table ({m['leaf']}) cannot be served "
                     "from a flat file; this kit expects the BF16 table",
                 )
-            shape = info.get("shape") or []
+            rows, width = _shard_shape(path, name, info)
             dtype = info.get("dtype")
-            if len(shape) != 2 or dtype not in DTYPE_BYTES:
-                raise TableError(f"{file}: {name}: unexpected shape {shape} / dtype {dtype}")
-            begin, end = info["data_offsets"]
-            row_bytes = shape[1] * DTYPE_BYTES[dtype]
-            if end - begin != shape[0] * row_bytes:
-                raise TableError(f"{file}: {name}: data_offsets do not match shape {shape}")
+            if dtype not in DTYPE_BYTES:
+                raise TableError(f"{file}: {name}: unexpected dtype {dtype!r}")
+            begin, end = _offsets(path, name, info)
+            row_bytes = width * DTYPE_BYTES[dtype]
+            if end - begin != rows * row_bytes:
+                raise TableError(f"{file}: {name}: data_offsets do not match shape {info['shape']}")
             index = int(m["index"])
             if index in found:
                 raise TableError(f"{name} appears twice ({found[index].file} and {file})")
-            found[index] = PleShard(index, name, file, data_start + begin, shape[0], row_bytes)
+            found[index] = PleShard(
+                index, name, file, data_start + begin, rows, row_bytes, file_size
+            )
             layers.add(m["layer"])
             dtypes.add(dtype)
-            dims.add(shape[1])
+            dims.add(width)
     if not found:
         raise TableError(
             f"{base}: no PLE shards (*.ple.*ngram_embedding.shard_N.weight) in the checkpoint",
@@ -233,8 +345,7 @@ def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
         )
     shards = tuple(found[i] for i in sorted(found))
     missing = sorted(set(range(max(found) + 1)) - set(found))
-    parts = text_config.get("split_ngram_parts")
-    if missing or (parts is not None and len(shards) != int(parts)):
+    if missing or (parts is not None and len(shards) != parts):
         raise TableError(
             f"{base}: found {len(shards)} PLE shards, config split_ngram_parts={parts}; "
             f"missing shard indices {missing[:8]}{'...' if len(missing) > 8 else ''}",
@@ -244,7 +355,6 @@ def read_layout(model_dir: str | os.PathLike[str]) -> TableLayout:
     if any(s.rows != full for s in shards[:-1]) or shards[-1].rows > full:
         raise TableError(f"{base}: PLE shards have uneven row counts; only the last may be short")
     dim = dims.pop()
-    want_dim = expected_dim(text_config)
     if want_dim is not None and dim != want_dim:
         raise TableError(
             f"{base}: PLE rows are {dim} wide, config.json implies {want_dim} "

@@ -14,6 +14,7 @@ ranges are dropped from the page cache (95 GiB would otherwise evict everything 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashnext.atomic import write_text_atomic
+from flashnext.render import size
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import (
     DEFAULT_LAYOUT,
@@ -34,8 +36,8 @@ from flashnext.table.file_layout import (
     row_offset,
     rows_per_page,
 )
-from flashnext.table.layout import TableLayout, read_layout
-from flashnext.table.source import ShardReader
+from flashnext.table.layout import PleShard, TableLayout, read_layout
+from flashnext.table.source import ShardReader, shard_ended
 from flashnext.table.storage_policy import space_refusal, storage_refusal
 from flashnext.table.writeback import Writeback
 
@@ -45,6 +47,16 @@ RESUME_SAMPLE_ROWS = 64
 
 Progress = Callable[[int, int], None]
 """on_progress(done_bytes, total_bytes)."""
+
+
+class PrepareInterrupted(Exception):
+    """Ctrl-C (SIGINT) during the copy: what is kept for the rerun, as one line."""
+
+    def __init__(self, partial: Path, committed: int, total: int) -> None:
+        super().__init__(
+            f"interrupted: {committed} of {total} bytes are committed in {partial}; "
+            "rerun the same command to resume from there"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,8 +88,8 @@ def paths_for(out: Path) -> tuple[Path, Path, Path]:
     )
 
 
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n")
+def write_json_atomic(path: Path, doc: dict[str, Any], mode: int | None = None) -> None:
+    write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n", mode)
 
 
 def fsync_dir(path: Path) -> None:
@@ -223,7 +235,9 @@ def committed_prefix(
     return committed
 
 
-def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) -> None:
+def _copy_range(
+    shard: PleShard, src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int
+) -> None:
     """Kernel-side copy where the filesystem allows it; pread/pwrite otherwise."""
     done = 0
     while done < n:
@@ -234,7 +248,7 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) ->
         if got <= 0:
             data = os.pread(src_fd, n - done, src_off + done)
             if not data:
-                raise OSError(f"unexpected end of shard file at {src_off + done}")
+                raise shard_ended(shard, src_off + done)
             got = os.pwrite(dst_fd, data, dst_off + done)
         done += got
 
@@ -243,7 +257,9 @@ def _copy_packed(reader: ShardReader, dst_fd: int, pos: int, n: int, wb: Writeba
     """File bytes = checkpoint bytes: copy shard spans kernel-side."""
     start = pos
     for shard, inner, length in reader.spans(pos, n):
-        _copy_range(reader.fd_for(shard), shard.data_offset_bytes + inner, dst_fd, pos, length)
+        _copy_range(
+            shard, reader.fd_for(shard), shard.data_offset_bytes + inner, dst_fd, pos, length
+        )
         wb.written(pos, length)
         pos += length
     reader.drop_cache(start, n)
@@ -332,32 +348,45 @@ def prepare_table(
     except ValueError as exc:
         raise TableError(str(exc), fix="pass --layout packed or --layout page-aligned") from exc
     layout = read_layout(model_dir)
-    out = Path(out).absolute()
+    given = Path(out).absolute()
+    out = _follow_link(given)
     if not out.parent.is_dir():
         raise TableError(f"{out.parent}: directory does not exist", fix=f"mkdir -p {out.parent}")
     if out.is_dir():
         raise TableError(f"{out} is a directory", fix="pass --out a file path, e.g. DIR/ple.bin")
     partial, journal, manifest_path = paths_for(out)
+    # vLLM reads PATH.json beside the path it is given: a link gets one beside it too.
+    link_manifest = paths_for(given)[2] if given != out else None
     identity = layout.identity()
     manifest = layout.manifest(file_layout)
     total = layout.file_bytes(file_layout)
+    shown = str(link_manifest or manifest_path)
 
     if out.exists():
         if _is_present(out, manifest_path, identity, file_layout, total):
+            if link_manifest and _read_json(link_manifest) != manifest:
+                try:
+                    write_json_atomic(link_manifest, manifest, _mode(out))
+                except OSError as exc:
+                    raise _write_error(exc, out, journal, total, opened=True) from exc
             return PrepareResult(
-                str(out), str(manifest_path), file_layout, "present", total, total, 0,
+                str(given), shown, file_layout, "present", total, total, 0,
                 time.monotonic() - t0, None,
             )  # fmt: skip
         raise _existing_out_error(out, manifest_path, identity, file_layout, model_dir)
 
     refuse_other_layout(_read_json(journal), identity, file_layout, partial)
     warning = check_storage(out, layout, file_layout, force)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _write_error(exc, out, journal, total, opened=False) from exc
     try:
         _lock(fd, partial)
         _remove_stale_temps(out)
         refuse_other_layout(_read_json(journal), identity, file_layout, partial)  # locked now
         resume = committed_prefix(layout, file_layout, partial, journal, identity, chunk_bytes)
+        mode = os.fstat(fd).st_mode & 0o777  # the manifest is as readable as the table
         os.ftruncate(fd, resume)  # drop whatever was written after the last sync
         if resume == 0:
             _commit(journal, identity, file_layout, 0)
@@ -366,15 +395,21 @@ def prepare_table(
         _stream(layout, file_layout, fd, resume, journal, identity, chunk_bytes, sync_bytes,
                 on_progress)  # fmt: skip
         os.fsync(fd)
-        write_json_atomic(manifest_path, manifest)
+        write_json_atomic(manifest_path, manifest, mode)
+        if link_manifest:
+            write_json_atomic(link_manifest, manifest, mode)
         os.replace(partial, out)
         fsync_dir(out.parent)
         journal.unlink(missing_ok=True)
+    except OSError as exc:
+        raise _write_error(exc, out, journal, total, opened=True) from exc
+    except KeyboardInterrupt:
+        raise PrepareInterrupted(partial, _committed(journal), total) from None
     finally:
         os.close(fd)
     return PrepareResult(
-        str(out),
-        str(manifest_path),
+        str(given),
+        shown,
         file_layout,
         "resumed" if resume else "written",
         total,
@@ -382,6 +417,64 @@ def prepare_table(
         total - resume,
         time.monotonic() - t0,
         warning,
+    )
+
+
+def _follow_link(path: Path) -> Path:
+    """Where the bytes of `path` go: a symlink is followed (and kept), not replaced."""
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop
+        raise TableError(
+            f"{path} is a symlink that cannot be followed ({exc})",
+            fix="point --out at a regular file path (or fix the link)",
+        ) from exc
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def _committed(journal: Path) -> int:
+    committed = (_read_json(journal) or {}).get("committed_bytes")
+    return committed if isinstance(committed, int) and committed > 0 else 0
+
+
+def _write_error(exc: OSError, out: Path, journal: Path, total: int, opened: bool) -> TableError:
+    """What a failed write means for the user: what happened, what is needed, what is kept."""
+    where = out.parent
+    target = exc.filename or paths_for(out)[0]  # what could not be written
+    committed = _committed(journal)
+    resume = (
+        f"rerun the same command: it resumes from byte {committed}"
+        if committed
+        else "rerun the same command"
+    )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        need = max(total - committed, PAGE_BYTES)  # the manifest needs room too
+        what = "no space left on the device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+        return TableError(
+            f"{where}: {what} after {committed} of the table's {total} bytes were committed; "
+            f"it needs {need} bytes ({size(need)}) more there",
+            fix=f"free at least {size(need)} on {where} (or pass another --out), then {resume}",
+        )
+    if exc.errno == errno.EROFS and not opened:
+        return TableError(
+            f"{where} is on a read-only filesystem: cannot write {target} (nothing was written)",
+            fix="pass --out a path on a writable filesystem (or remount it read-write)",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM) and not opened:
+        return TableError(
+            f"{where}: permission denied: cannot write {target} (nothing was written)",
+            fix=f"pass --out a directory you can write to, or fix its permissions (ls -ld {where})",
+        )
+    on = f" ({exc.filename})" if exc.filename else ""
+    return TableError(
+        f"preparing {out} failed: {exc.strerror or exc}{on}; {committed} of the table's "
+        f"{total} bytes were committed and are kept",
+        fix=f"fix the cause (a read-only remount or I/O errors: see dmesg), then {resume}",
     )
 
 

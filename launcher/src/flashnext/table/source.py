@@ -6,10 +6,21 @@ import mmap
 import os
 from pathlib import Path
 
+from flashnext.table.errors import TableError
 from flashnext.table.file_layout import PACKED, PAGE_BYTES, rows_per_page
 from flashnext.table.layout import PleShard, TableLayout
 
 _ZEROS = memoryview(bytes(PAGE_BYTES))
+
+
+def shard_ended(shard: PleShard, offset: int) -> TableError:
+    """A shard file ended early although read_layout checked its size: it shrank since."""
+    return TableError(
+        f"{shard.file} ends at byte {offset}, inside {shard.name}: the file changed while "
+        "it was being read (a download still running, or a disk error)",
+        fix=f"re-download {shard.file}, then rerun the same command (an interrupted prepare "
+        "resumes where it stopped)",
+    )
 
 
 class ShardReader:
@@ -47,7 +58,7 @@ class ShardReader:
         for shard, inner, n in self.spans(offset, length):
             data = os.pread(self._fd(shard), n, shard.data_offset_bytes + inner)
             if len(data) != n:
-                raise OSError(f"{shard.file}: short read at {shard.data_offset_bytes + inner}")
+                raise shard_ended(shard, shard.data_offset_bytes + inner + len(data))
             parts.append(data)
         return b"".join(parts)
 
@@ -60,7 +71,10 @@ class ShardReader:
         out = []
         for shard, inner, n in self.spans(offset, length):
             start = shard.data_offset_bytes + inner
-            out.append(memoryview(self._map(shard))[start : start + n])
+            view = memoryview(self._map(shard))[start : start + n]
+            if len(view) != n:
+                raise shard_ended(shard, start + len(view))
+            out.append(view)
         return out
 
     def _map(self, shard: PleShard) -> mmap.mmap:

@@ -8,7 +8,7 @@ and tmpfs/overlay keep the 95 GiB in RAM or in a container's writable layer.
 from __future__ import annotations
 
 from flashnext.facts.schema import StorageFacts
-from flashnext.render import gib
+from flashnext.render import size
 
 IN_MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs"}
 LAYERED_FS = {"overlay", "overlayfs", "aufs", "fuse-overlayfs"}
@@ -39,7 +39,7 @@ def space_refusal(facts: StorageFacts, needed_bytes: int) -> str | None:
     """Why there is not enough room for the table, or None."""
     if facts.free_bytes is not None and facts.free_bytes < needed_bytes:
         return (
-            f"{facts.mount_point or facts.path} has {gib(facts.free_bytes)} free, "
-            f"the table needs {gib(needed_bytes)} more"
+            f"{facts.mount_point or facts.path} has {size(facts.free_bytes)} free, "
+            f"the table needs {size(needed_bytes)} more"
         )
     return None

@@ -1,0 +1,51 @@
+"""The PLE table's manifest beside the flat file (TABLE.json), read as data.
+
+`flashnext table prepare` writes it; the patched vLLM reads `f"{path}.json"` to
+learn the file's layout (none: packed) and refuses a table whose manifest is
+unreadable or names another shape. Preflight judges what this returns.
+`probe_manifest` never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flashnext.facts.schema import ManifestFacts
+
+# A manifest is a few hundred bytes; anything this large is some other file.
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+def manifest_path(table_path: str | os.PathLike[str]) -> str:
+    """Where vLLM looks for the manifest of `table_path`: the same path plus ".json"."""
+    return f"{os.path.abspath(os.fspath(table_path))}.json"
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), "null"
+    )
+
+
+def probe_manifest(table_path: str | os.PathLike[str]) -> ManifestFacts:
+    """The manifest beside `table_path`: missing, unreadable (error), or its JSON object."""
+    path = manifest_path(table_path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        return ManifestFacts(path=path)
+    except OSError as exc:
+        return ManifestFacts(path=path, exists=True, error=f"cannot read ({exc.strerror})")
+    if len(raw) > MAX_MANIFEST_BYTES:
+        return ManifestFacts(path=path, exists=True, error="over 1 MiB: not a table manifest")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ManifestFacts(path=path, exists=True, error=f"not JSON ({exc})")
+    if not isinstance(doc, dict):
+        return ManifestFacts(
+            path=path, exists=True, error=f"not a JSON object (a JSON {_json_kind(doc)})"
+        )
+    return ManifestFacts(path=path, exists=True, doc=doc)
