@@ -17,9 +17,12 @@ checks/gpu/tiny_model.py:
 
 each eager and with FULL_DECODE_ONLY graphs, on prompts of 100, 3,000 and
 20,000 distinct random token ids at batch 1 and 4. Every b and c run is
-compared with a of the same graph mode by checks/gpu/logprob_compare.py (vLLM's
-check_logprobs_close rule, prompt logprobs at every position). b-packed and
-c with graphs also time TTFT and decode at c=1 and c=4 (3,000-token prompts).
+compared with a of the same graph mode, and with stock's own run-to-run spread
+(the other a run), by checks/gpu/logprob_compare.py (vLLM's check_logprobs_close
+rule, prompt logprobs at every position). Two more runs time TTFT and decode of
+b-packed and c with graphs at c=1 and c=4 (3,000-token prompts).
+
+The timing runs go last and one at a time, alone on the GPU.
 
 Writes OUT_DIR/in_vllm_ab-<run-id>.json and .md; raw outputs and engine logs
 stay in RAW_DIR. Exit 0 when every run is equal and the sensitivity run is
@@ -72,14 +75,18 @@ class Run:
 def all_runs() -> list[Run]:
     runs = []
     for graphs in ("eager", "full_decode_only"):
-        timed = graphs == "full_decode_only"
         runs += [
             Run(f"a-{graphs}", "stock", "a", graphs),
-            Run(f"b-packed-{graphs}", "patched", "b-packed", graphs, "packed", timed=timed),
+            Run(f"b-packed-{graphs}", "patched", "b-packed", graphs, "packed"),
             Run(f"b-aligned-{graphs}", "patched", "b-aligned", graphs, "aligned"),
-            Run(f"c-{graphs}", "patched", "c", graphs, "packed", offload=True, timed=timed),
+            Run(f"c-{graphs}", "patched", "c", graphs, "packed", offload=True),
         ]
-    runs.append(Run("sensitivity-eager", "patched", "sensitivity", "eager", "packed", True, True))
+    runs += [
+        Run("sensitivity-eager", "patched", "sensitivity", "eager", "packed", True, True),
+        # Timed alone, after the A/B runs: (c) against (b), both with graphs.
+        Run("timing-b", "patched", "timing", "full_decode_only", "packed", timed=True),
+        Run("timing-c", "patched", "timing", "full_decode_only", "packed", True, timed=True),
+    ]
     return runs
 
 
@@ -118,7 +125,7 @@ def worker_spec(run: Run, args, cases, timed_prompts) -> dict[str, Any]:
         "kv_cache_memory_bytes": KV_CACHE_MEMORY_BYTES,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "permute_selection": run.permute_selection,
-        "cases": cases,
+        "cases": {} if run.timed else cases,
         "timed_batches": [timed_prompts[:1], timed_prompts[:4]] if run.timed else [],
         "env": {**env, **run.env},
     }
@@ -171,23 +178,31 @@ def host_facts(kit: Path) -> dict[str, Any]:
 
 
 def verdicts(records: dict[str, dict], runs: list[Run]) -> tuple[list[dict], bool | None]:
+    """Each b/c/sensitivity case against stock of its graph mode and stock's spread
+    (the other stock run: prompt logprobs come from the same eager prefill)."""
     rows, sensitivity_changed = [], None
+    stock = {g: records.get(f"a-{g}", {}) for g in ("eager", "full_decode_only")}
     for run in runs:
-        if run.mode == "a":
+        if run.mode in ("a", "timing"):
             continue
-        reference = records.get(f"a-{run.graphs}", {})
+        reference = stock[run.graphs]
+        other = stock["full_decode_only" if run.graphs == "eager" else "eager"]
         record = records.get(run.name, {})
         for case in sorted(record.get("cases", {}), key=lambda c: tuple(map(int, c.split("x")))):
             length, batch = (int(n) for n in case.split("x"))
-            if "cases" not in reference:
-                verdict_equal, diff, where = False, None, "reference run failed"
-            else:
-                v = compare_runs(reference["cases"][case], record["cases"][case])
-                verdict_equal, diff, where = v.equal, v.max_logprob_diff, v.where
-            rows.append({
-                "run": run.name, "mode": run.mode, "graphs": run.graphs,
-                "prompt_tokens": length, "batch": batch, "equal": verdict_equal,
-                "max_logprob_diff": diff, "first_difference": where,
+            row = {"run": run.name, "mode": run.mode, "graphs": run.graphs,
+                   "prompt_tokens": length, "batch": batch}  # fmt: skip
+            if "cases" not in reference or "cases" not in other:
+                rows.append(row | {"equal": False, "first_difference": "a stock run failed"})
+                continue
+            v = compare_runs(reference["cases"][case], other["cases"][case], record["cases"][case])
+            rows.append(row | {
+                "equal": v.equal, "max_logprob_diff": v.max_logprob_diff,
+                "mean_logprob_diff": v.mean_logprob_diff, "violations": v.violations,
+                "stock_violations": v.stock_violations,
+                "stock_mean_logprob_diff": v.stock_mean_logprob_diff,
+                "deterministic_positions": v.deterministic_positions,
+                "first_difference": v.where,
             })  # fmt: skip
         if "error" in record:
             rows.append({"run": run.name, "mode": run.mode, "graphs": run.graphs,
@@ -200,8 +215,8 @@ def verdicts(records: dict[str, dict], runs: list[Run]) -> tuple[list[dict], boo
 
 def timing_ratios(records: dict[str, dict]) -> list[dict[str, Any]]:
     """(c) against (b-packed), both with graphs: TTFT and decode tok/s at c=1, c=4."""
-    b = records.get("b-packed-full_decode_only", {}).get("timing", [])
-    c = records.get("c-full_decode_only", {}).get("timing", [])
+    b = records.get("timing-b", {}).get("timing", [])
+    c = records.get("timing-c", {}).get("timing", [])
     rows = []
     for tb, tc in zip(b, c, strict=False):
         rows.append({
@@ -222,16 +237,21 @@ def markdown(result: dict[str, Any]) -> str:
         f"### in-vLLM A/B, run {result['run_id']} ({result['host']['gpu']}, "
         f"torch {result['host']['torch']}: {result['host']['note']})",
         "",
-        "| run | graphs | prompt tokens | batch | equal | max logprob diff | first difference |",
-        "|---|---|---|---|---|---|---|",
+        "| run | graphs | prompt tokens | batch | equal | max / mean logprob diff "
+        "| stock's own mean diff | rule violations (stock's) | positions stock reproduces "
+        "| why not equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
-        diff = r.get("max_logprob_diff")
+        if "max_logprob_diff" not in r:
+            lines.append(f"| {r['run']} | {r['graphs']} | - | - | False | - | - | - | - | "
+                         f"{r.get('error') or r.get('first_difference', '')} |")  # fmt: skip
+            continue
         lines.append(
-            f"| {r['run']} | {r['graphs']} | {r.get('prompt_tokens', '-')} | "
-            f"{r.get('batch', '-')} | {r['equal']} | "
-            f"{'-' if diff is None else f'{diff:.4f}'} | "
-            f"{r.get('first_difference') or r.get('error', '')} |"
+            f"| {r['run']} | {r['graphs']} | {r['prompt_tokens']} | {r['batch']} | "
+            f"{r['equal']} | {r['max_logprob_diff']:.4f} / {r['mean_logprob_diff']:.4f} | "
+            f"{r['stock_mean_logprob_diff']:.4f} | {r['violations']} ({r['stock_violations']}) "
+            f"| {r['deterministic_positions']} | {r['first_difference']} |"
         )
     lines += ["", f"sensitivity_changed: {result['sensitivity_changed']}", ""]
     if result["timing"]:
@@ -273,8 +293,15 @@ def main() -> int:
     specs = {run.name: worker_spec(run, args, cases, timed) for run in runs}
     host = host_facts(args.kit)
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = {run.name: pool.submit(launch, run, specs[run.name], args) for run in runs}
+        futures = {
+            run.name: pool.submit(launch, run, specs[run.name], args)
+            for run in runs
+            if not run.timed
+        }
         records = {name: future.result() for name, future in futures.items()}
+    for run in runs:  # one at a time, nothing else on the GPU
+        if run.timed:
+            records[run.name] = launch(run, specs[run.name], args)
     rows, changed = verdicts(records, runs)
     result = {
         "schema_version": 1,
