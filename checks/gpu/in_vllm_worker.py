@@ -85,10 +85,11 @@ def install_selection_permutation() -> None:
 
 
 class GatherTimer:
-    """Wall time of the PLE host gather (`prepare_host_rows`), per engine step."""
+    """Wall time of the PLE host gather (`prepare_host_rows`) per engine step,
+    with the step's token count (decode steps have at most max_num_seqs)."""
 
     def __init__(self) -> None:
-        self.seconds: list[float] = []
+        self.steps: list[tuple[int, float]] = []
 
     def install(self) -> bool:
         try:
@@ -100,21 +101,23 @@ class GatherTimer:
             return False
         timer = self
 
-        def timed(module, *args, **kwargs):
+        def timed(module, input_ids, *args, **kwargs):
             start = time.perf_counter()
             try:
-                return real(module, *args, **kwargs)
+                return real(module, input_ids, *args, **kwargs)
             finally:
-                timer.seconds.append(time.perf_counter() - start)
+                timer.steps.append((input_ids.numel(), time.perf_counter() - start))
 
         Qwen4ExpNGramEmbedding.prepare_host_rows = timed
         return True
 
-    def take(self) -> dict[str, float]:
-        samples, self.seconds = self.seconds, []
+    def take(self, max_tokens: int | None = None) -> dict[str, float]:
+        """Stats of the steps since the last take (only those of at most
+        max_tokens tokens, when given), then forget them."""
+        steps, self.steps = self.steps, []
+        samples = sorted(s for n, s in steps if max_tokens is None or n <= max_tokens)
         if not samples:
             return {"steps": 0}
-        samples.sort()
         return {
             "steps": len(samples),
             "mean_us": 1e6 * sum(samples) / len(samples),
@@ -142,10 +145,10 @@ def record(outputs) -> list[dict[str, Any]]:
     return requests
 
 
-def mean_top1_logprob(requests: list[dict[str, Any]]) -> float:
+def mean_top1_logprob(requests: list[dict[str, Any]]) -> float | None:
     """How peaked the model is: a flat one gives -ln(vocab)."""
     tops = [max(step.values()) for r in requests for step in r["prompt_logprobs"] if step]
-    return sum(tops) / len(tops)
+    return sum(tops) / len(tops) if tops else None
 
 
 def time_decode(llm, prompts: list[list[int]], gather: GatherTimer) -> dict[str, Any]:
@@ -166,7 +169,7 @@ def time_decode(llm, prompts: list[list[int]], gather: GatherTimer) -> dict[str,
     start = time.perf_counter()
     llm.generate(inputs, longer, use_tqdm=False)
     total = time.perf_counter() - start
-    decode_gather = gather.take()
+    decode_gather = gather.take(max_tokens=4)  # decode steps only (max_num_seqs)
     decode_s = max(total - ttft, 1e-9)
     return {
         "batch": len(prompts),
