@@ -1,7 +1,7 @@
 """The A/B inside vLLM 0.33.0 on a GPU: stock vs patched, every mode, one verdict table.
 
     python checks/gpu/in_vllm_ab.py --model DIR --tables DIR --kit /root/kit \\
-        --out OUT_DIR --raw RAW_DIR --run-id N [--parallel 5] [--only RUN ...]
+        --out OUT_DIR --raw RAW_DIR --run-id N [--phase all|ab|timing] [--parallel 9]
 
 Runs on the GPU host with its own python (torch there; vLLM comes from the
 kit, checks/gpu/kit). Each engine run is its own process
@@ -282,12 +282,22 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=5)
     parser.add_argument("--timeout", type=int, default=RUN_TIMEOUT_S)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
+    parser.add_argument(
+        "--phase",
+        choices=("all", "ab", "timing"),
+        default="all",
+        help="ab: the compared runs (in parallel); timing: the timed runs (one at a "
+        "time); all: both, timing last",
+    )
     parser.add_argument("--only", nargs="*", default=None, help="run names to run")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
 
-    runs = [r for r in all_runs() if args.only is None or r.name in args.only]
+    wanted = {"all": (False, True), "ab": (False,), "timing": (True,)}[args.phase]
+    runs = [
+        r for r in all_runs() if r.timed in wanted and (args.only is None or r.name in args.only)
+    ]
     cases = make_prompts(args.model)
     timed = make_prompts(args.model, seed=1)[f"{TIMED_PROMPT_TOKENS}x4"]
     specs = {run.name: worker_spec(run, args, cases, timed) for run in runs}
@@ -338,6 +348,8 @@ def main() -> int:
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
+    if args.phase == "timing":
+        return 0 if len(result["timing"]) == 2 else 1
     ok = rows and all(r["equal"] for r in rows if r["mode"] != "sensitivity") and changed
     return 0 if ok else 1
 
