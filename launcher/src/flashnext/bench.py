@@ -40,7 +40,9 @@ REFERENCE = {
 }
 
 TOKEN_ID_RANGE = (1_000, 100_000)
-"""Prompt token ids are drawn from here: ordinary vocabulary, clear of special tokens."""
+"""Prompt token ids are drawn from [lo, hi): ordinary vocabulary, clear of special tokens.
+A model with a smaller vocabulary (the tiny test checkpoint: 32768) needs its own range:
+vLLM rejects a prompt holding an id beyond the vocabulary."""
 
 
 class BenchError(Exception):
@@ -62,6 +64,8 @@ class BenchConfig:
     runs: int = 3
     timeout_s: float = 600.0
     seed: int = 0
+    token_id_range: tuple[int, int] = TOKEN_ID_RANGE
+    """Prompt token ids are drawn from [lo, hi)."""
 
 
 @dataclass
@@ -77,7 +81,7 @@ class StreamRecord:
     max_tokens: int
     t_sent: float
     arrivals: list[tuple[float, int]] = field(default_factory=list)
-    """(time, tokens in this chunk) for each chunk that carried text."""
+    """(time, tokens in this chunk) for each chunk that carried tokens (text or not)."""
     completion_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     finish_reason: str | None = None
@@ -234,8 +238,8 @@ def _split_url(url: str) -> tuple[str, str, int, str]:
     return parsed.scheme, parsed.hostname, port, base + "/completions"
 
 
-def prompt_ids(n: int, rng: random.Random) -> list[int]:
-    lo, hi = TOKEN_ID_RANGE
+def prompt_ids(n: int, rng: random.Random, id_range: tuple[int, int] = TOKEN_ID_RANGE) -> list[int]:
+    lo, hi = id_range
     return [rng.randrange(lo, hi) for _ in range(n)]
 
 
@@ -287,12 +291,17 @@ def stream_completion(
                 rec.completion_tokens = usage.get("completion_tokens")
                 rec.usage_prompt_tokens = usage.get("prompt_tokens")
             for choice in chunk.get("choices") or []:
-                if choice.get("text"):
-                    # A chunk may carry several tokens; usage says how many so far.
-                    total = usage.get("completion_tokens") if usage else None
-                    n = (total - seen) if total is not None else 1
-                    seen = total if total is not None else seen + 1
-                    rec.arrivals.append((now, n))
+                # A chunk may carry several tokens; usage says how many so far. It
+                # carries them even when its text is empty: the detokenizer holds back
+                # a partial UTF-8 character and drops special tokens.
+                total = usage.get("completion_tokens") if usage else None
+                if total is not None:
+                    if total > seen:
+                        rec.arrivals.append((now, total - seen))
+                        seen = total
+                elif choice.get("text"):
+                    rec.arrivals.append((now, 1))
+                    seen += 1
                 if choice.get("finish_reason"):
                     rec.finish_reason = choice["finish_reason"]
         if not rec.arrivals and rec.error is None:
@@ -370,14 +379,18 @@ def run_bench(
             warm = i < cfg.warmup
             which = f"warmup {i + 1}" if warm else f"run {i - cfg.warmup + 1}"
             say(f"decode c={conc} {which}")
-            prompts = [prompt_ids(cfg.decode_prompt_tokens, rng) for _ in range(conc)]
+            prompts = [
+                prompt_ids(cfg.decode_prompt_tokens, rng, cfg.token_id_range) for _ in range(conc)
+            ]
             records += _run_batch(cfg, "decode", prompts, cfg.decode_tokens, i, warm, clock)
     for plen in cfg.prompt_lengths:
         for i in range(cfg.warmup + cfg.runs):
             warm = i < cfg.warmup
             which = f"warmup {i + 1}" if warm else f"run {i - cfg.warmup + 1}"
             say(f"prefill {cfg.prefill_concurrency}x{plen} {which}")
-            prompts = [prompt_ids(plen, rng) for _ in range(cfg.prefill_concurrency)]
+            prompts = [
+                prompt_ids(plen, rng, cfg.token_id_range) for _ in range(cfg.prefill_concurrency)
+            ]
             records += _run_batch(cfg, "prefill", prompts, 1, i, warm, clock)
     return records
 

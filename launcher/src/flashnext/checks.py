@@ -782,7 +782,16 @@ def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
     fix = "move the table to a local NVMe filesystem (ext4/xfs) and pass its new path"
     # One policy for `table prepare` and preflight: flashnext.table.storage_policy.
     refusal = storage_refusal(st)
-    if refusal:
+    if refusal and inp.profile.table.medium_check == "warn":
+        yield Finding(
+            "table.medium",
+            "warn",
+            where,
+            "local NVMe",
+            f'{refusal} (profile {inp.profile.name} accepts it: table.medium_check = "warn")',
+            fix,
+        )
+    elif refusal:
         yield Finding("table.medium", "fail", where, "local NVMe", refusal, fix)
     elif st.transport == "nvme":
         yield _ok("table.medium", where, "local NVMe", "random reads at NVMe latency")

@@ -755,6 +755,16 @@ def _csv_ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
     return out
 
 
+def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+    try:
+        parts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 2 or not 0 <= parts[0] < parts[1]:
+        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI")
+    return parts
+
+
 def _json_file(path: str | None, what: str) -> dict | None:
     import json
     from pathlib import Path
@@ -832,6 +842,15 @@ def _json_file(path: str | None, what: str) -> dict | None:
     help="Measured runs per measurement; the summary reports their median.",
 )
 @click.option(
+    "--token-id-range",
+    default="1000,100000",
+    show_default=True,
+    callback=_id_range,
+    metavar="LO,HI",
+    help="Prompt token ids are drawn from [LO, HI): inside the model's vocabulary, clear "
+    "of its special tokens.",
+)
+@click.option(
     "--facts",
     "facts_file",
     type=click.Path(exists=True, dir_okay=False),
@@ -860,6 +879,7 @@ def bench(
     prefill_concurrency: int,
     warmup: int,
     runs: int,
+    token_id_range: tuple[int, int],
     facts_file: str | None,
     plan_file: str | None,
     out_dir: str | None,
@@ -900,6 +920,7 @@ def bench(
         prefill_concurrency=prefill_concurrency,
         warmup=warmup,
         runs=runs,
+        token_id_range=token_id_range,
     )
     try:
         records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))

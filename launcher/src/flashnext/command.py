@@ -60,6 +60,9 @@ def build_command(
     # Setting KV bytes skips vLLM's memory profiling (and its cudagraph double count).
     argv += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
     argv += ["--compilation-config", compilation_config_json(profile)]
+    if profile.vllm.additional_config:  # one JSON object, like --compilation-config
+        extra = json.dumps(profile.vllm.additional_config, sort_keys=True, separators=(",", ":"))
+        argv += ["--additional-config", extra]
     # The checkpoint ships a vision tower; text serving keeps it off the GPUs.
     argv += ["--language-model-only"]
     if options.table_path:

@@ -3,12 +3,15 @@
 A profile says what hardware it is for (matched against HostFacts) and the
 serving settings that were measured to work on it. Loading validates every
 field so a typo in a TOML is an error here, not a surprise in vLLM.
+
+Sections [table] and [vllm] are optional: a profile without them gets the
+defaults below (the 3x3090 profile has neither).
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from typing import Any
 
@@ -85,6 +88,23 @@ class QsaOffloadSpec:
     """Tokens per chunk a prefill streams through its VRAM work buffer."""
 
 
+TABLE_MEDIUM_CHECKS = ("fail", "warn")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    medium_check: str = "fail"
+    """What preflight makes of a table on a medium `table prepare` refuses (rotational,
+    network, RAM, overlay): "fail" (default), or "warn" for a table small enough to
+    live in the page cache."""
+
+
+@dataclass(frozen=True)
+class VllmSpec:
+    additional_config: dict[str, Any] = field(default_factory=dict)
+    """vLLM's --additional-config (one JSON object); empty: the flag is not passed."""
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -97,6 +117,8 @@ class Profile:
     compilation: CompilationSpec
     qsa_offload: QsaOffloadSpec
     env: dict[str, str]
+    table: TableSpec = field(default_factory=TableSpec)
+    vllm: VllmSpec = field(default_factory=VllmSpec)
 
     def matches(self, facts: HostFacts) -> bool:
         """The host has exactly the profile's GPUs (count and model)."""
@@ -104,12 +126,14 @@ class Profile:
         return len(devices) == self.gpu.count and all(self.gpu.matches(d) for d in devices)
 
 
-def _section(cls: type, doc: dict[str, Any], where: str) -> Any:
-    """One [table] of the TOML as `cls`: every field present, nothing unknown."""
+def _section(cls: type, doc: dict[str, Any], where: str, optional: bool = False) -> Any:
+    """One [table] of the TOML as `cls`: every field present (unless `optional`: the
+    dataclass defaults fill in), nothing unknown."""
     names = {f.name for f in fields(cls)}
+    missing = set() if optional else names - set(doc)
     problems = [
         f"{label} {', '.join(sorted(keys))}"
-        for label, keys in (("missing", names - set(doc)), ("unknown", set(doc) - names))
+        for label, keys in (("missing", missing), ("unknown", set(doc) - names))
         if keys
     ]
     if problems:
@@ -134,6 +158,12 @@ def parse_profile(text: str, source: str) -> Profile:
         built = {k: _section(cls, doc[k], f"{source} [{k}]") for k, cls in sections.items()}
     except KeyError as exc:
         raise ProfileError(f"{source}: missing section [{exc.args[0]}]") from exc
+    optional = {"table": TableSpec, "vllm": VllmSpec}
+    for key, cls in optional.items():
+        if key in doc:
+            if not isinstance(doc[key], dict):
+                raise ProfileError(f"{source}: [{key}] must be a table")
+            built[key] = _section(cls, doc[key], f"{source} [{key}]", optional=True)
     profile = Profile(
         name=doc["name"],
         description=doc.get("description", ""),
@@ -143,6 +173,10 @@ def parse_profile(text: str, source: str) -> Profile:
     )
     if profile.qsa_offload.host_pinning not in ("exact", "pow2"):
         raise ProfileError(f"{source}: qsa_offload.host_pinning must be 'exact' or 'pow2'")
+    if profile.table.medium_check not in TABLE_MEDIUM_CHECKS:
+        raise ProfileError(f"{source}: table.medium_check must be 'fail' or 'warn'")
+    if not isinstance(profile.vllm.additional_config, dict):
+        raise ProfileError(f"{source}: vllm.additional_config must be a table")
     return profile
 
 

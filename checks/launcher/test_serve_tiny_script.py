@@ -1,0 +1,261 @@
+"""checks/gpu/serve-tiny end to end here, with the stand-in `vllm` and replayed H200 facts.
+
+The script runs on the GPU host once; here its control flow is proven: the kit's env
+is sourced (a stand-in KIT/env-patched.sh puts the stand-in `vllm` first on PATH),
+preflight, plan and the dry run pass on the h200-tiny profile, serve starts the
+plan's own command and reports ready, bench and report run against it, SIGTERM
+stops it, and nothing of it is left. Each failure path names the step that failed
+and still stops the server. The checkpoint is the skeleton's tiny variant (no torch
+needed); with FLASHNEXT_VLLM_PY set, the script also writes the real tiny one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from h200_tiny_facts import write_h200_facts
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "checks" / "gpu" / "serve-tiny"
+sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
+from harness import STANDIN_DIR, free_port  # noqa: E402
+
+OUT_FILES = {"serve.log", "preflight.json", "plan.json", "bench.json", "report.json",
+             "serve-tiny.json"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from flashnext.skeleton import write_skeleton
+
+    root = tmp_path_factory.mktemp("serve-tiny")
+    model = root / "tiny"
+    write_skeleton(model, "tiny", fixed_metadata=True)
+    table = root / "tables" / "ple.bin"
+    table.parent.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
+         "--out", str(table), "--force"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    kit = root / "kit"
+    kit.mkdir()
+    # What KIT/env-patched.sh sets that matters here: PATH with `vllm` first.
+    (kit / "env-patched.sh").write_text(
+        f'export PATH={STANDIN_DIR}:"$PATH"\n'
+        "export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1\n"
+    )
+    return root, model, table, kit
+
+
+def script_env(inputs, port: int, **extra: str) -> dict[str, str]:
+    root, model, table, kit = inputs
+    facts = write_h200_facts(root / f"facts-{port}.json", model, table, port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "FLASHNEXT_"))}
+    env.pop("VLLM_API_KEY", None)
+    env.update(
+        KIT=str(kit),
+        PORT=str(port),
+        STARTUP_S="30",
+        FLASHNEXT_PYTHON=sys.executable,
+        FLASHNEXT_FACTS=str(facts),
+        # Engine titles unique to this run: other stand-ins on the machine are not ours.
+        VLLM_PROCESS_NAME_PREFIX=f"TINY{port}",
+        STANDIN_TOKEN_INTERVAL_S="0.002",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def run_script(inputs, out: Path, timeout_s: float = 180, **extra: str):
+    port = free_port()
+    _, model, table, _ = inputs
+    proc = subprocess.run(
+        [str(SCRIPT), str(model), str(table), str(out)],
+        env=script_env(inputs, port, **extra), cwd="/",
+        capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    summary = json.loads((out / "serve-tiny.json").read_text())
+    verdicts = {s["step"]: s["verdict"] for s in summary["steps"]}
+    return proc, summary, verdicts, port
+
+
+def alive_with_prefix(prefix: str) -> list[int]:
+    """Processes whose title starts with `prefix` (zombies excluded)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            state = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()[0]
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and cmd.startswith(prefix.encode()):
+            found.append(int(name))
+    return found
+
+
+def test_the_whole_run_passes(inputs, tmp_path):
+    out = tmp_path / "out"
+    proc, summary, verdicts, port = run_script(inputs, out)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert summary["ok"] is True
+    assert verdicts == {
+        "model": "ok", "kit": "ok", "table": "ok", "preflight": "ok", "plan": "ok",
+        "dry-run": "ok", "serve": "ok", "bench": "ok", "report": "ok", "stop": "ok",
+        "processes": "ok",
+        "gpu": "skipped" if not _has_nvidia_smi() else verdicts["gpu"],
+    }  # fmt: skip
+    # What comes back from the GPU host: at most 8 files, plain names.
+    names = {p.name for p in out.iterdir()}
+    assert names == OUT_FILES and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    log = (out / "serve.log").read_text()
+    started = re.search(r"^flashnext: starting: (vllm serve .*)$", log, re.M).group(1)
+    plan = json.loads((out / "plan.json").read_text())
+    assert started == " ".join(plan["argv"])
+    assert "--additional-config" in started and f"--port {port}" in started
+    assert re.search(rf"^flashnext: ready: http://127\.0\.0\.1:{port}/v1 .* context 24576 tokens",
+                     log, re.M)  # fmt: skip
+    assert "flashnext: received SIGTERM, stopping the server" in log
+    bench = json.loads((out / "bench.json").read_text())
+    assert [d["concurrency"] for d in bench["summary"]["decode"]] == [1, 4]
+    assert bench["rejected"] == [] and bench["config"]["token_id_range"] == [1000, 32760]
+    assert bench["config"]["decode_tokens"] == 64 and bench["config"]["prompt_lengths"] == [3000]
+    report = json.loads((out / "report.json").read_text())
+    assert report["preflight"]["profile"] == "h200-tiny"
+    preflight = json.loads((out / "preflight.json").read_text())
+    assert preflight["result"] == "warn" and preflight["profile"] == "h200-tiny"
+    assert alive_with_prefix(f"TINY{port}::") == []
+    # the summary table names every step
+    assert re.search(r"^serve +ok ", proc.stdout, re.M) and "PASSED in" in proc.stdout
+
+
+def _has_nvidia_smi() -> bool:
+    from shutil import which
+
+    return which("nvidia-smi") is not None
+
+
+def test_a_failed_smoke_completion_fails_the_run_and_leaves_nothing(inputs, tmp_path):
+    proc, summary, verdicts, port = run_script(
+        inputs, tmp_path / "out", STANDIN_COMPLETION_FAIL="1"
+    )
+    assert proc.returncode == 1
+    assert verdicts["serve"] == "FAILED" and summary["ok"] is False
+    serve = next(s for s in summary["steps"] if s["step"] == "serve")
+    assert "smoke test failed" in serve["detail"] and "HTTP 500" in serve["detail"]
+    assert verdicts["bench"] == verdicts["report"] == verdicts["stop"] == "skipped"
+    assert verdicts["processes"] == "ok"
+    assert alive_with_prefix(f"TINY{port}::") == []
+
+
+def test_a_rejected_bench_fails_the_run_and_still_stops_the_server(inputs, tmp_path):
+    proc, summary, verdicts, port = run_script(inputs, tmp_path / "out", STANDIN_TRUNCATE_AFTER="3")
+    assert proc.returncode == 1
+    assert verdicts["bench"] == "FAILED"
+    bench = next(s for s in summary["steps"] if s["step"] == "bench")
+    assert "stream ended without [DONE]" in bench["detail"]
+    assert verdicts["report"] == verdicts["stop"] == verdicts["processes"] == "ok"
+
+
+def test_a_process_left_behind_is_named(inputs, tmp_path):
+    port = free_port()
+    prefix = f"TINY{port}::"
+    decoy = subprocess.Popen([f"{prefix}Decoy", "120"], executable="sleep")
+    try:
+        _, model, table, _ = inputs
+        out = tmp_path / "out"
+        proc = subprocess.run(
+            [str(SCRIPT), str(model), str(table), str(out)],
+            env=script_env(inputs, port), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        decoy.kill()
+        decoy.wait()
+    summary = json.loads((out / "serve-tiny.json").read_text())
+    step = next(s for s in summary["steps"] if s["step"] == "processes")
+    assert proc.returncode == 1 and step["verdict"] == "FAILED"
+    assert f"{decoy.pid} (titled {prefix})" in step["detail"]
+    assert {s["step"]: s["verdict"] for s in summary["steps"]}["stop"] == "ok"
+
+
+def test_sigterm_to_the_script_stops_the_server(inputs, tmp_path):
+    port = free_port()
+    _, model, table, _ = inputs
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [str(SCRIPT), str(model), str(table), str(out)],
+        env=script_env(inputs, port, STANDIN_TOKEN_INTERVAL_S="0.01"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        seen = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "bench: decode c=1" in line:  # the server is up, bench is running
+                break
+        assert any("ok: serve" in s for s in seen), "".join(seen)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    assert "interrupted" in rest and "cleanup: stopping serve" in rest
+    summary = json.loads((out / "serve-tiny.json").read_text())
+    assert summary["ok"] is False
+    deadline = time.monotonic() + 10
+    while alive_with_prefix(f"TINY{port}::") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive_with_prefix(f"TINY{port}::") == []
+    log = (out / "serve.log").read_text()
+    assert "flashnext: received SIGTERM, stopping the server" in log
+
+
+def test_without_the_kit_it_says_how_to_get_it(inputs, tmp_path):
+    out = tmp_path / "out"
+    _, model, table, _ = inputs
+    proc, summary, verdicts, _ = run_script(inputs, out, KIT=str(tmp_path / "no-kit"))
+    assert proc.returncode == 1 and verdicts == {"model": "ok", "kit": "FAILED"}
+    kit = next(s for s in summary["steps"] if s["step"] == "kit")
+    assert "env-patched.sh is missing" in kit["detail"] and "assemble" in kit["detail"]
+
+
+def test_it_writes_the_tiny_checkpoint_when_missing(inputs, tmp_path):
+    py = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not py:
+        pytest.skip("FLASHNEXT_VLLM_PY is not set: checks/gpu/tiny_model.py needs torch")
+    model = tmp_path / "ab" / "tiny"
+    out = tmp_path / "out"
+    env = script_env(inputs, free_port(), KIT=str(tmp_path / "no-kit"), TINY_PYTHON=py)
+    proc = subprocess.run(
+        [str(SCRIPT), str(model), str(tmp_path / "t.bin"), str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    summary = json.loads((out / "serve-tiny.json").read_text())
+    assert summary["steps"][0] == {
+        "step": "model", "verdict": "ok", "seconds": summary["steps"][0]["seconds"],
+        "detail": f"written: {model}",
+    }  # fmt: skip
+    assert (model / "config.json").is_file() and proc.returncode == 1  # then: no kit
+
+
+def test_usage():
+    proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "usage: checks/gpu/serve-tiny MODEL_DIR TABLE OUT_DIR" in (
+        proc.stderr
+    )
