@@ -546,3 +546,26 @@ def test_assemble_overlay_only_needs_a_base_and_a_matching_overlay(kit_inputs):
     assert proc.returncode == 1 and "was built for vllm wheel 000000000000" in proc.stderr
     assert not (kit_inputs["kit"] / "env-patched.sh").exists()
     assert (kit_inputs["kit"] / "env-stock.sh").is_file()
+
+
+def test_the_vllm_wrapper_runs_main_only_as_the_main_module(kit_inputs, tmp_path):
+    """vLLM spawns its engine core, and spawn re-imports the main module: an
+    unguarded wrapper starts a second CLI there and the engine dies (seen on
+    the H200). Imported, the wrapper must do nothing; run, it calls main()."""
+    assert _assemble(kit_inputs).returncode == 0
+    wrapper = kit_inputs["kit"] / "bin" / "vllm"
+    fake = tmp_path / "fake" / "vllm" / "entrypoints" / "cli"
+    fake.mkdir(parents=True)
+    for pkg in (fake.parents[1], fake.parent, fake):
+        (pkg / "__init__.py").write_text("")
+    (fake / "main.py").write_text("def main():\n    print('main called')\n    return 3\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    imported = subprocess.run(
+        [sys.executable, "-c", f"import runpy; runpy.run_path({str(wrapper)!r}, run_name='x')"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert imported.returncode == 0 and "main called" not in imported.stdout
+    ran = subprocess.run(
+        [sys.executable, str(wrapper)], env=env, capture_output=True, text=True, check=False
+    )
+    assert ran.returncode == 3 and "main called" in ran.stdout
