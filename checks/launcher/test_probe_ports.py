@@ -68,3 +68,29 @@ def test_ipv6_loopback():
         server.listen()
         port = server.getsockname()[1]
         assert probe_port("::1", port).free is False
+
+
+def test_time_wait_of_a_stopped_server_does_not_hold_the_port():
+    """A server restarted right after a stop: its old connections linger in
+    TIME_WAIT on the port. vLLM binds with SO_REUSEADDR, so it starts; the
+    probe must say free (seen on the H200: preflight refused the restart)."""
+    import errno
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: TIME_WAIT on the server's port
+    client.close()
+    server.close()
+    with socket.socket() as plain, pytest.raises(OSError) as held:
+        plain.bind(("127.0.0.1", port))  # the TIME_WAIT is there
+    assert held.value.errno == errno.EADDRINUSE
+    assert probe_port("127.0.0.1", port).free is True
+    with socket.socket() as like_vllm:
+        like_vllm.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        like_vllm.bind(("127.0.0.1", port))
+        like_vllm.listen()

@@ -14,9 +14,10 @@ def probe_port(host: str, port: int) -> PortFacts:
     A port in use is `free=False` with no error; `error` is set only when the
     question could not be answered (bad port, unknown host, foreign address, ...).
 
-    SO_REUSEADDR stays off on purpose: the answer is then "free" only when no
-    socket (listening, or lingering in TIME_WAIT) holds the port, which is the
-    conservative answer for a server about to start.
+    The probe binds as vLLM 0.33.0's server does (SO_REUSEADDR on,
+    `entrypoints/launchers/launcher.py`): a listener holds the port, but
+    connections of a stopped server lingering in TIME_WAIT (for a minute after
+    a restart) do not, since vLLM's bind succeeds then.
     """
     if not 0 < port < 65536:
         return PortFacts(host=host, port=port, free=False, error=f"port {port} is not in 1-65535")
@@ -27,7 +28,7 @@ def probe_port(host: str, port: int) -> PortFacts:
     family, socktype, proto, _, address = infos[0]
     try:
         with socket.socket(family, socktype, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
