@@ -7,12 +7,12 @@ not compared further. Teacher-forced prompt logprobs see the same inputs at
 every position, so the rule is applied at every position there: each
 position's top-1 tokens must agree or each be in the other's top-k.
 
-Stock vLLM 0.33.0 is not reproducible run to run once a QSA layer's context
-outgrows its indexer budget (2,048 tokens): the top-k selection then varies
-between two runs of the same engine (seen on an H200: identical up to
-position 2,051, different after it), and a changed selection in one layer
-moves every later position through the next QSA layer. So each case is
-judged against two stock runs:
+Stock vLLM 0.33.0 does not reproduce itself exactly: two stock engines
+(eager and FULL_DECODE_ONLY) agree only up to a position that varies from
+run to run, and past a QSA layer's indexer budget (2,048 tokens) even two
+engines of one mode differ (seen on an H200; checks/gpu/RESULTS.md); a
+changed selection in one layer moves every later position through the
+next QSA layer. So each case is judged against two stock runs:
 
 - where the two stock runs agree exactly (before their first difference),
   stock is deterministic and the candidate must pass the rule at every
