@@ -1,8 +1,9 @@
 {
   description = "flashnext: Qwen3.8-Flash-Next on 3x RTX 3090 with a patched vLLM 0.33.0 (PP=3)";
 
-  # One input. flake.lock pins it; see nix/README.md for why the lock carries a
-  # placeholder until it is refreshed on a machine that can reach nixpkgs.
+  # One input. flake.lock pins it to nixos-26.05 at bd0ff2d3eac2 (2026-06-08),
+  # the rev and narHash two unrelated projects' committed locks agree on; where
+  # the pair comes from and how to move it: nix/README.md, "The nixpkgs pin".
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-26.05";
 
   outputs =

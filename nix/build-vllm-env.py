@@ -6,7 +6,9 @@
                                          fixed-output step; nix/update-wheelhouse-hash)
     build-vllm-env.py install OUT WHEELS venv, offline --require-hashes install,
                                          stock copy, patches/apply, RECORD check
-    build-vllm-env.py smoke OUT          import smoke of both trees (after autoPatchelf)
+    build-vllm-env.py smoke OUT          the patched tree carries patches/apply's stamp
+                                         for exactly this series, the stock tree none;
+                                         import smoke of both trees (after autoPatchelf)
     build-vllm-env.py interface          only check that pins/ still offers these steps
 
 Run from the source root (pins/ and patches/ beside nix/) with the CPython the
@@ -20,6 +22,8 @@ already a path named by its inputs.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +44,13 @@ USES = {
     lockfile: ("parse", "LockError"),
     meta: ("MetaError",),
 }  # fmt: skip
+
+
+# patches/apply writes this into the tree it patched (vllm/<STAMP_NAME>): the
+# series it applied, each patch's sha256, the series file's sha256. Importing
+# the model class proves nothing about patching (stock vLLM 0.33.0 has
+# qwen4_exp too); the stamp is what tells a patched tree from a stock one.
+STAMP_NAME = "_flashnext_patches.json"
 
 
 class StepError(RuntimeError):
@@ -84,11 +95,59 @@ def install(out: Path, wheels: Path) -> None:
         raise StepError("stock/vllm changed while patching: " + "; ".join(problems[:5]))
 
 
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def series_patches(series: Path) -> list[str]:
+    names = []
+    for line in series.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def stamp_problems(lay: buildenv.Layout, site: Path, stock: Path, version: str) -> list[str]:
+    """Why OUT is not this series applied to this vLLM ([] when it is)."""
+    stamp_path = site / "vllm" / STAMP_NAME
+    if not stamp_path.is_file():
+        return [
+            f"{stamp_path} is missing: the patch series was not applied "
+            f"(install must run {lay.apply_script} on {site})"
+        ]
+    try:
+        stamp = json.loads(stamp_path.read_text())
+        got = [(p["name"], p["sha256"]) for p in stamp["patches"]]
+        got_series, got_version = stamp["series_sha256"], stamp["vllm_version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"{stamp_path} is not a patches/apply stamp ({exc!r})"]
+    series = lay.series_dir / "series"
+    want = [(name, sha256_file(lay.series_dir / name)) for name in series_patches(series)]
+    problems = []
+    if got != want:
+        problems.append(
+            f"{stamp_path} lists {[n for n, _ in got]} (with their sha256), {series} "
+            f"names {[n for n, _ in want]}: the tree was patched with another series"
+        )
+    if got_series != sha256_file(series):
+        problems.append(f"{stamp_path}: series_sha256 is not the sha256 of {series}")
+    if got_version != version:
+        problems.append(f"{stamp_path}: vllm_version is {got_version!r}, the pins say {version!r}")
+    if (stock / "vllm" / STAMP_NAME).exists():
+        problems.append(f"{stock / 'vllm' / STAMP_NAME} exists: the stock tree was patched")
+    return problems
+
+
 def smoke(out: Path) -> None:
-    pins_meta, _, _, _ = buildenv.load_lock(layout(), minor())
+    lay = layout()
+    pins_meta, _, _, _ = buildenv.load_lock(lay, minor())
     version = pins_meta.vllm_version
     python = out / "venv" / "bin" / "python"
     site = buildenv.site_packages(out / "venv")
+    problems = stamp_problems(lay, site, out / "stock", version)
+    if problems:
+        raise StepError("; ".join(problems))
     buildenv.smoke(python, site / "vllm", version, None)
     buildenv.smoke(python, out / "stock" / "vllm", version, out / "stock")
 
@@ -113,7 +172,9 @@ def main(argv: list[str]) -> int:
     inst = steps.add_parser("install", help="venv + install + stock copy + patches/apply")
     inst.add_argument("out", type=Path)
     inst.add_argument("wheels", type=Path)
-    steps.add_parser("smoke", help="import smoke of both trees").add_argument("out", type=Path)
+    steps.add_parser("smoke", help="patch stamp check, import smoke of both trees").add_argument(
+        "out", type=Path
+    )
     steps.add_parser("interface", help="check pins/pinkit still has the steps")
     args = parser.parse_args(argv)
     try:

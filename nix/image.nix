@@ -1,10 +1,15 @@
-# The OCI image: the launcher, the patched vLLM env, a CA bundle and a health
-# probe; nothing else on PATH, no package manager. `stream = true` gives a
-# script that writes the image tar to stdout (`nix build .#image &&
-# ./result | podman load`), so the 9 GB tar never lands in the store.
+# The container image (a Docker archive, so its healthcheck survives): the
+# launcher, the patched vLLM env, a CA bundle, a health probe and
+# /etc/passwd + /etc/group (dockerTools.fakeNss: root and nobody, so
+# getpwuid() and `~` resolve); nothing else on PATH, no package manager.
+# `stream = true` (packages.image) gives a script that writes the image tar to
+# stdout (`nix build .#image && ./result | podman load`), so the 9 GB tar never
+# lands in the store; `stream = false` (packages.image-archive) builds the
+# gzipped tar into the store for machines that copy or cache it.
 #
 # The config must equal the contract documented in containers/README.md;
-# checks.image-config compares the two.
+# checks.image-config compares the two, and checks/containers loads this
+# config into podman and compares what `podman image inspect` reports.
 {
   lib,
   dockerTools,
@@ -26,6 +31,9 @@ let
       "#!${envPython}\n"
       + lib.removePrefix "#!/usr/bin/env python3\n" (builtins.readFile ../containers/flashnext-health);
   };
+
+  # Durations in a Docker image config's Healthcheck are nanoseconds.
+  seconds = n: n * 1000000000;
 
   # Where the NVIDIA container toolkit's CDI spec mounts the driver libraries:
   # their host paths (Debian/Ubuntu, RHEL/Fedora), the legacy hook's
@@ -59,6 +67,19 @@ let
     ExposedPorts = {
       "8000/tcp" = { };
     };
+    # As the run line's --health-* flags and the Quadlet unit: /health answers
+    # 200. Cold starts take 10-35 minutes (weights, cudagraphs), hence the
+    # start period. A Docker-format key: podman keeps it on `podman load`.
+    Healthcheck = {
+      Test = [
+        "CMD"
+        "flashnext-health"
+      ];
+      Interval = seconds 30;
+      Timeout = seconds 10;
+      StartPeriod = seconds (35 * 60);
+      Retries = 3;
+    };
     Labels = {
       "org.opencontainers.image.title" = "flashnext";
       "org.opencontainers.image.version" = flashnext.version;
@@ -74,6 +95,7 @@ build {
     flashnext
     health
     cacert
+    dockerTools.fakeNss
   ];
   # Writable scratch for Triton, torch and pip-less Python; sticky like a host's /tmp.
   extraCommands = ''

@@ -29,10 +29,19 @@ let
     version = pins.launcherVersion;
   };
 
+  # The commit in the tag, so `podman images` tells builds apart.
+  imageTag = "${flashnext.version}-${self.shortRev or self.dirtyShortRev or "dirty"}";
+  # `./result | podman load`: the tar is streamed, never stored.
   image = pkgs.callPackage ./image.nix {
     inherit flashnext;
-    # The commit in the tag, so `podman images` tells builds apart.
-    tag = "${flashnext.version}-${self.shortRev or self.dirtyShortRev or "dirty"}";
+    tag = imageTag;
+  };
+  # The same image as a gzipped docker archive in the store, for `nix copy`,
+  # a binary cache or `docker load < result`.
+  image-archive = pkgs.callPackage ./image.nix {
+    inherit flashnext;
+    tag = imageTag;
+    stream = false;
   };
 
   checks = import ./checks.nix {
@@ -70,6 +79,7 @@ in
       vllm-env
       flashnext
       image
+      image-archive
       ;
     default = flashnext;
   };

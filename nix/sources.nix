@@ -42,11 +42,16 @@ in
     ../checks/lib.sh
     # `flashnext report` lists the checkout's patch series.
     ../patches
+    # checks/launcher runs checks/gpu/serve-tiny with a stand-in vllm and
+    # writes checks/gpu/tiny_model.py's checkpoint.
+    ../checks/gpu
   ];
   pinsChecks = source [
     ../pins
     ../patches
     ../checks/pins
+    # checks/pins/test_nix_env_steps.py runs the env's install and smoke steps.
+    ../nix/build-vllm-env.py
   ];
   patchChecks = source [
     ../patches

@@ -114,9 +114,29 @@ def test_containerfile_follows_the_contract():
     runs = " ".join(rest for word, rest in instr if word == "RUN")
     assert "/opt/flashnext/patches/apply" in runs, "the image must apply the same series"
     envs = [rest for word, rest in instr if word == "ENV"]
-    assert envs == [f"FLASHNEXT_HOST={contract()['nix_image_env']['FLASHNEXT_HOST']}"]
+    assert envs == [f"{name}={value}" for name, value in contract()["env"].items()]
     health = [rest for word, rest in instr if word == "HEALTHCHECK"]
     assert len(health) == 1 and '["flashnext-health"]' in health[0]
+    # What podman makes of these instructions: test_image_config.py.
+
+
+def test_run_line_and_unit_health_settings_are_the_contracts():
+    want = contract()["healthcheck"]
+    assert want["test"] == ["CMD", "flashnext-health"]
+    flags, _, _ = run_line_parts()
+    health = {name: value for name, value in flags if name.startswith("--health-")}
+    assert health == {
+        "--health-cmd": "flashnext-health",
+        "--health-interval": want["interval"],
+        "--health-timeout": want["timeout"],
+        "--health-retries": str(want["retries"]),
+        "--health-start-period": want["start_period"],
+    }
+    unit = quadlet()
+    assert unit["Container.HealthInterval"] == [want["interval"]]
+    assert unit["Container.HealthTimeout"] == [want["timeout"]]
+    assert unit["Container.HealthRetries"] == [str(want["retries"])]
+    assert unit["Container.HealthStartPeriod"] == [want["start_period"]]
 
 
 def test_direct_build_with_the_placeholder_fails_at_from(tmp_path):
@@ -151,5 +171,7 @@ def test_build_script_passes_a_filled_in_digest(tmp_path):
     )
     argv = shlex.split(proc.stdout)
     assert argv[:2] == ["podman", "build"]
+    # An OCI-format image has no healthcheck (test_image_config.py shows podman drop it).
+    assert argv[2:4] == ["--format", "docker"]
     assert f"VLLM_OPENAI_DIGEST={digest}" in argv
     assert argv[-1] == str(copy)

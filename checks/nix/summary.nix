@@ -63,6 +63,12 @@ in
     contents = map toString p.image.contents;
   };
 
+  imageArchive = {
+    inherit (p.image-archive) name imageTag extraCommands;
+    config = p.image-archive.imageConfig;
+    contents = map toString p.image-archive.contents;
+  };
+
   default = p.default.drvPath == p.flashnext.drvPath;
 
   apps = builtins.mapAttrs (_: app: {

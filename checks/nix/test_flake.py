@@ -8,12 +8,14 @@ and pins/pinkit, which nix/build-vllm-env.py calls); here, the interface check.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -43,8 +45,53 @@ def test_every_nix_file_parses(nix):
         nix.run("nix-instantiate", "--parse", str(REPO / rel))
 
 
+# nixos-26.05 branched off in May 2026: a commit it holds is not older than that.
+BRANCH_OFF = 1777593600  # 2026-05-01 00:00 UTC
+REAL_LOCK = json.loads((REPO / "flake.lock").read_text())
+
+
+def periodic(text) -> bool:
+    """`text` is one shorter piece repeated ("abc1" * 10)."""
+    n = len(text)
+    return any(n % k == 0 and text == text[:k] * (n // k) for k in range(1, n // 2 + 1))
+
+
+def pin_problems(locked: dict, now: float) -> list[str]:
+    """Why a locked github node is not a real-looking pin. Nothing here can fetch it:
+    this tells a revision and hash copied from a real lock from a placeholder."""
+    problems = []
+    if locked.get("type") != "github" or (locked.get("owner"), locked.get("repo")) != (
+        "NixOS", "nixpkgs",
+    ):  # fmt: skip
+        problems.append(f"not a github NixOS/nixpkgs node: {locked}")
+    rev = str(locked.get("rev", ""))
+    if not re.fullmatch(r"[0-9a-f]{40}", rev):
+        problems.append(f"rev {rev!r} is not 40 lowercase hex digits")
+    elif len(set(rev)) < 8 or periodic(rev):
+        problems.append(f"rev {rev!r} repeats a few digits: a placeholder")
+    nar = str(locked.get("narHash", ""))
+    match = re.fullmatch(r"sha256-([A-Za-z0-9+/]{43}=)", nar)
+    digest = base64.b64decode(match.group(1)) if match else b""
+    if len(digest) != 32:
+        problems.append(f"narHash {nar!r} is not sha256- and 32 bytes of base64")
+    elif len(set(match.group(1))) < 16 or len(set(digest)) < 16 or periodic(digest):
+        problems.append(f"narHash {nar!r} repeats a few characters: a placeholder")
+    modified = locked.get("lastModified")
+    if not isinstance(modified, int) or not BRANCH_OFF <= modified <= now:
+        problems.append(f"lastModified {modified!r} is not a time since the 26.05 branch-off")
+    return problems
+
+
+def readme_pin() -> dict[str, str]:
+    """The pair nix/README.md records with its sources (the table between the markers)."""
+    text = (REPO / "nix/README.md").read_text()
+    block = re.search(r"<!-- nixpkgs-pin:begin -->(.*?)<!-- nixpkgs-pin:end -->", text, re.S)
+    assert block, "nix/README.md lost its nixpkgs-pin table"
+    return dict(re.findall(r"^\| (rev|narHash|lastModified) \| `([^`]+)`", block.group(1), re.M))
+
+
 def test_flake_lock_pins_the_one_input():
-    lock = json.loads((REPO / "flake.lock").read_text())
+    lock = REAL_LOCK
     assert lock["version"] == 7
     assert lock["nodes"]["root"]["inputs"] == {"nixpkgs": "nixpkgs"}
     node = lock["nodes"]["nixpkgs"]
@@ -53,20 +100,54 @@ def test_flake_lock_pins_the_one_input():
     assert url and node["original"] == {
         "owner": "NixOS", "repo": "nixpkgs", "ref": url.group(1), "type": "github",
     }  # fmt: skip
+    assert url.group(1) == "nixos-26.05"
+    assert pin_problems(node["locked"], time.time()) == []
+    # The lock holds the pair whose sources nix/README.md names: neither side
+    # can be edited alone.
     locked = node["locked"]
-    assert re.fullmatch(r"[0-9a-f]{40}", locked["rev"])
-    assert re.fullmatch(r"sha256-[A-Za-z0-9+/]{43}=", locked["narHash"])
-    if set(locked["rev"]) == {"0"}:
-        # The placeholder (nixpkgs cannot be fetched where this was written): it
-        # must stay unfetchable and unmatchable, i.e. fail closed, not half-real.
-        assert locked["narHash"] == "sha256-" + "A" * 43 + "=" and locked["lastModified"] == 0
+    assert readme_pin() == {
+        "rev": locked["rev"], "narHash": locked["narHash"],
+        "lastModified": str(locked["lastModified"]),
+    }  # fmt: skip
+
+
+GOOD = REAL_LOCK["nodes"]["nixpkgs"]["locked"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # What this file held before: unfetchable and, worse, accepted by the old test.
+        {"rev": "0" * 40, "narHash": "sha256-" + "A" * 43 + "=", "lastModified": 0},
+        {"rev": "0" * 40},
+        {"rev": "a" * 40},
+        {"rev": "abc123def4" * 4},
+        {"rev": GOOD["rev"][:12]},
+        {"rev": GOOD["rev"].upper()},
+        {"narHash": "sha256-" + "A" * 43 + "="},
+        {"narHash": "sha256-x"},
+        {"narHash": "sha256-" + "AB" * 21 + "A="},
+        {"narHash": GOOD["narHash"].replace("sha256-", "sha512-")},
+        {"narHash": "sha256-" + base64.b64encode(bytes(range(31))).decode()},
+        {"lastModified": 0},
+        {"lastModified": 1700000000},
+        {"lastModified": 4102444800},
+        {"type": "tarball"},
+        {"owner": "example"},
+    ],
+)
+def test_lock_check_rejects_placeholders(change):
+    assert pin_problems(dict(GOOD, **change), time.time()) != []
 
 
 def test_flake_show_lists_the_documented_outputs(nix):
     tree = json.loads(nix.flake("show", "--json").stdout)
     packages = tree["packages"][SYSTEM]
-    assert sorted(packages) == ["default", "flashnext", "image", "vllm-env", "wheelhouse"]
+    assert sorted(packages) == [
+        "default", "flashnext", "image", "image-archive", "vllm-env", "wheelhouse",
+    ]  # fmt: skip
     assert packages["image"]["name"] == "stream-flashnext"
+    assert packages["image-archive"]["name"] == "flashnext.tar.gz"
     assert packages["default"]["name"] == packages["flashnext"]["name"]
     assert sorted(tree["apps"][SYSTEM]) == ["default", "plan", "preflight", "serve"]
     assert all(a["type"] == "app" for a in tree["apps"][SYSTEM].values())
@@ -155,7 +236,15 @@ def test_flashnext_runs_in_the_vllm_env(summary):
     assert summary["default"] is True
 
 
+def check_config(config: dict, path: Path) -> subprocess.CompletedProcess:
+    path.write_text(json.dumps(config))
+    checker = [sys.executable, str(REPO / "nix/check-image-config.py"),
+               "--readme", str(REPO / "containers/README.md"), "--config", str(path)]  # fmt: skip
+    return subprocess.run(checker, capture_output=True, text=True)
+
+
 def test_image_config_is_the_documented_contract(summary, tmp_path):
+    """The config object dockerTools gets; checks/containers loads it into podman."""
     image = summary["image"]
     assert image["config"]["Entrypoint"] == [
         f"{summary['flashnext']['out']}/bin/flashnext",
@@ -164,20 +253,31 @@ def test_image_config_is_the_documented_contract(summary, tmp_path):
     assert image["imageTag"] == f"{summary['flashnext']['version']}-abcdef0"
     assert "mkdir -m 1777 tmp" in image["extraCommands"]
     assert any(c.endswith("-nss-cacert-standin") for c in image["contents"])
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(image["config"]))
-    checker = [sys.executable, str(REPO / "nix/check-image-config.py"),
-               "--readme", str(REPO / "containers/README.md"), "--config", str(config)]  # fmt: skip
-    ok = subprocess.run(checker, capture_output=True, text=True)
+    # /etc/passwd and /etc/group: getpwuid() and ~ resolve inside the image.
+    assert any(c.endswith("-fake-nss-standin") for c in image["contents"])
+    assert image["config"]["Healthcheck"] == {
+        "Test": ["CMD", "flashnext-health"],
+        "Interval": 30 * 10**9, "Timeout": 10 * 10**9, "StartPeriod": 35 * 60 * 10**9,
+        "Retries": 3,
+    }  # fmt: skip
+    ok = check_config(image["config"], tmp_path / "config.json")
     assert ok.returncode == 0, ok.stderr
-    # ... and the check can fail: a drifted entrypoint and env var are named.
+    # ... and the check can fail: a drifted entrypoint, env var and healthcheck are named.
     drifted = dict(image["config"], Entrypoint=["/bin/vllm", "serve"])
     drifted["Env"] = [e for e in drifted["Env"] if not e.startswith("LD_LIBRARY_PATH=")]
-    config.write_text(json.dumps(drifted))
-    bad = subprocess.run(checker, capture_output=True, text=True)
+    del drifted["Healthcheck"]
+    bad = check_config(drifted, tmp_path / "drifted.json")
     assert bad.returncode == 1
     assert "Entrypoint is ['/bin/vllm', 'serve']" in bad.stderr
     assert "Env LD_LIBRARY_PATH: image has None" in bad.stderr
+    assert "Healthcheck: the image has none" in bad.stderr
+
+
+def test_image_archive_is_the_same_image_not_streamed(summary):
+    archive, image = summary["imageArchive"], summary["image"]
+    assert archive["name"] == "flashnext.tar.gz"
+    for key in ("config", "contents", "imageTag", "extraCommands"):
+        assert archive[key] == image[key], key
 
 
 def test_image_config_check_runs_the_same_checker(summary):

@@ -4,7 +4,9 @@ Opt-in (FLASHNEXT_PINS_REAL_ENV=1, set by checks/pins/run): a fresh build
 installs ~9 GB. Runs pins/build-env with the interpreter running the tests,
 then checks what later suites rely on: the env layout, the patched tree
 stamped by patches/apply, the stock tree byte-identical to the wheel, and a
-second run being a cache hit in seconds.
+second run being a cache hit in seconds. The Nix env's `smoke` step
+(nix/build-vllm-env.py: the stamp for this series, both import smokes) runs
+on this env too: the layout is the same.
 """
 
 import json
@@ -55,6 +57,14 @@ def test_patched_tree_is_stamped_and_stock_is_the_wheel(env_dir):
     version = meta.load(REPO / "pins").vllm_version
     assert buildenv.record_mismatches(site, env_dir / "stock", version) == []
     assert buildenv.record_mismatches(site, site, version) != []  # the patches changed it
+
+
+def test_nix_smoke_step_passes_on_the_real_env(env_dir):
+    proc = subprocess.run(
+        [sys.executable, "nix/build-vllm-env.py", "smoke", str(env_dir)],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_manifest_records_the_inputs(env_dir):

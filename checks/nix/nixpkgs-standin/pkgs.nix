@@ -165,6 +165,8 @@ let
             };
           }
         );
+      # /etc/passwd, /etc/group, /etc/nsswitch.conf for images (root, nobody).
+      fakeNss = tool "fake-nss";
     };
 
     cacert = tool "nss-cacert";
