@@ -1,32 +1,55 @@
 # Shared by checks/run and ./flashnext: the launcher's own small venv.
-# Keyed by launcher/pyproject.toml and the checkout, so a dependency change
-# builds a new one; the launcher is installed editable from this checkout.
+# It holds the launcher's dependencies only (launcher/pyproject.toml); the
+# launcher itself is imported from this checkout's launcher/src through a .pth
+# file. So a call runs no pip and writes nothing into the checkout (a read-only
+# checkout works), and an edit of the sources is live at once. The key covers
+# pyproject.toml (a dependency change builds a new venv), the interpreter and
+# the checkout's path (two checkouts never share one venv).
 : "${FLASHNEXT_CACHE:=$HOME/.cache/flashnext}"
 export FLASHNEXT_CACHE
 
+launcher_venv_key() {
+  local repo=$1 extras=${2:-} py=${3:-${FLASHNEXT_PYTHON:-python3}}
+  { cat "$repo/launcher/pyproject.toml"; "$py" -c 'import sys; print(sys.version)'; echo "$extras $repo"; } \
+    | sha256sum | cut -c1-16
+}
+
+# The requirements of launcher/pyproject.toml ([project] dependencies, plus the
+# optional-dependencies group $2), one per line.
+launcher_requirements() {
+  local repo=$1 extras=${2:-} py=${3:-${FLASHNEXT_PYTHON:-python3}}
+  "$py" - "$repo/launcher/pyproject.toml" "$extras" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as fh:
+    project = tomllib.load(fh)["project"]
+extras = [e for e in sys.argv[2].split(",") if e]
+for req in project.get("dependencies", []) + [
+    r for e in extras for r in project.get("optional-dependencies", {})[e]
+]:
+    print(req)
+PY
+}
+
 launcher_venv() {
   local repo=$1 extras=${2:-} py=${FLASHNEXT_PYTHON:-python3}
-  local key venv
-  # The checkout's path is part of the key: the launcher is installed editable,
-  # so two checkouts must not share (and re-point) one venv.
-  key=$( { cat "$repo/launcher/pyproject.toml"; "$py" -c 'import sys; print(sys.version)'; echo "$extras $repo"; } \
-        | sha256sum | cut -c1-16)
+  local key venv site reqs
+  key=$(launcher_venv_key "$repo" "$extras" "$py") || return 1
   venv="$FLASHNEXT_CACHE/launcher/$key"
   # Venvs are not relocatable, so build in place; .complete is written last
   # and a venv without it (an interrupted build) is rebuilt from scratch.
   if [ ! -e "$venv/.complete" ]; then
     echo "flashnext: building the launcher venv in $venv (one time)" >&2
+    mapfile -t reqs < <(launcher_requirements "$repo" "$extras" "$py") || return 1
+    [ "${#reqs[@]}" -gt 0 ] || return 1
     rm -rf "$venv" && "$py" -m venv "$venv" || return 1
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-      setuptools wheel "$repo/launcher${extras:+[$extras]}" >&2 || return 1
-    "$venv/bin/pip" uninstall --quiet --yes flashnext >&2 || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${reqs[@]}" >&2 || return 1
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+      || return 1
+    printf '%s\n' "$repo/launcher/src" > "$site/flashnext-checkout.pth"
     printf '%s\n' "$repo" > "$venv/.checkout"
     touch "$venv/.complete"
     prune_launcher_venvs
   fi
-  # Editable, no deps: a few hundred ms, and always this checkout's code.
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    -e "$repo/launcher" >&2 || return 1
   echo "$venv"
 }
 

@@ -45,6 +45,12 @@ in
     # checks/launcher runs checks/gpu/serve-tiny with a stand-in vllm and
     # writes checks/gpu/tiny_model.py's checkpoint.
     ../checks/gpu
+    # The README's first-start steps, the root bootstrap as invoked, and the
+    # env builder the vllm.env fix names (checks/launcher/test_readme_first_start.py,
+    # test_cli.py, test_vllm_env.py).
+    ../README.md
+    ../flashnext
+    ../pins
   ];
   pinsChecks = source [
     ../pins

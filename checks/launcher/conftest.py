@@ -30,3 +30,19 @@ def shipped_skeleton(tmp_path_factory):
     path = tmp_path_factory.mktemp("shipped") / "tiny"
     write_skeleton(path, "tiny", fixed_metadata=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def patched_vllm_env(tmp_path_factory):
+    """A stand-in env whose stamp equals this checkout's series (vllm_env_fixtures.py)."""
+    from vllm_env_fixtures import checkout_stamp, make_vllm_env
+
+    return make_vllm_env(tmp_path_factory.mktemp("vllm-env") / "env", stamp=checkout_stamp())
+
+
+@pytest.fixture(autouse=True)
+def _vllm_env_is_the_stand_in(patched_vllm_env, monkeypatch):
+    """Preflight and serve judge and run the stand-in env unless a test says otherwise;
+    the real pinned env (checks/run's FLASHNEXT_VLLM_ENV) is vllm_env_fixtures.REAL_VLLM_ENV."""
+    monkeypatch.setenv("FLASHNEXT_VLLM_ENV", str(patched_vllm_env))
+    monkeypatch.delenv("FLASHNEXT_PROG", raising=False)

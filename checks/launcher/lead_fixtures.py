@@ -19,6 +19,7 @@ from flashnext.facts.schema import (
     GpuProcess,
     HostFacts,
     ManifestFacts,
+    NumaFacts,
     PortFacts,
     host_facts_from_json,
 )
@@ -48,9 +49,25 @@ TABLE_MANIFEST = ManifestFacts(
 )
 
 
+# The fixture file predates NUMA facts (HostFacts.numa; without them gpu.numa warns):
+# this is what `flashnext facts` records on a single-socket board, one node, whose
+# GPUs report no NUMA affinity (sysfs numa_node -1).
+SINGLE_NODE = NumaFacts(nodes=(0,), mems_allowed=(0,))
+
+
 def base_facts() -> HostFacts:
     facts = host_facts_from_json(BASE_FILE.read_text(), source=str(BASE_FILE))
-    return _table(facts, manifest=TABLE_MANIFEST)
+    return dataclasses.replace(_table(facts, manifest=TABLE_MANIFEST), numa=SINGLE_NODE)
+
+
+def _two_sockets(gpu_nodes: tuple[int, ...], mems: tuple[int, ...]) -> Callable:
+    """A two-socket host: the GPUs' nodes and the nodes this process may allocate on."""
+
+    def change(f: HostFacts) -> HostFacts:
+        f = dataclasses.replace(f, numa=NumaFacts(nodes=(0, 1), mems_allowed=mems))
+        return _gpus(f, lambda d: dataclasses.replace(d, numa_node=gpu_nodes[d.index]))
+
+    return change
 
 
 def _memory(facts: HostFacts, **changes) -> HostFacts:
@@ -170,6 +187,14 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
     "table_on_hdd": (_table_on("sata", rotational=True), "table.medium", "fail", ()),
     "table_on_sata_ssd": (_table_on("sata", rotational=False), "table.medium", "warn", ()),
     "table_on_usb": (_table_on("usb", rotational=False), "table.medium", "warn", ()),
+    "two_sockets_unbound": (_two_sockets((0, 0, 0), (0, 1)), "gpu.numa", "warn", ()),
+    "gpus_on_two_sockets": (_two_sockets((0, 0, 1), (0, 1)), "gpu.numa", "warn", ()),
+    "p2p_not_recorded": (
+        lambda f: dataclasses.replace(f, gpu=dataclasses.replace(f.gpu, p2p=())),
+        "gpu.p2p",
+        "warn",
+        (),
+    ),
     "gpu_unreadable": (
         lambda f: dataclasses.replace(
             f, gpu=dataclasses.replace(f.gpu, error="GPU 2: NVML_ERROR_GPU_IS_LOST")

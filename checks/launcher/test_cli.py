@@ -49,11 +49,13 @@ def test_every_command_has_help():
             assert invoke(name, subname, "--help").exit_code == 0, (name, subname)
 
 
-def test_dry_run_prints_one_pasteable_command(full_skeleton):
+def test_dry_run_prints_one_pasteable_command(full_skeleton, patched_vllm_env):
     result = dry_run(full_skeleton)
     assert result.exit_code == 0, result.output
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
-    assert argv[:3] == ["vllm", "serve", str(full_skeleton)]
+    # argv[0]: the `vllm` of the env serve runs (FLASHNEXT_VLLM_ENV), not whatever PATH has
+    vllm = str(patched_vllm_env / "venv" / "bin" / "vllm")
+    assert argv[:3] == [vllm, "serve", str(full_skeleton)]
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert env["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "0"
     flags = flag_values(argv[3:])
@@ -224,3 +226,88 @@ def test_plan_table_ends_with_the_command_on_one_pasteable_line(full_skeleton):
     text = invoke(*args).output.rstrip().splitlines()
     env, argv = split_shell_line(text[-1])
     assert argv == doc["argv"] and env == doc["env"]
+
+
+def test_dry_run_with_a_failed_check_prints_the_failures_then_the_command(full_skeleton, tmp_path):
+    # Issue 13, finding 6: the command is still shown (to read, to file a bug), after
+    # the failures, and the exit status says it would not run.
+    path = tmp_path / "facts.json"
+    path.write_text(dumps(VARIANTS["memlock_64k"][0](base_facts())))
+    result = invoke("serve", "--dry-run", "--facts", path, "--model", full_skeleton,
+                    "--table", TABLE)  # fmt: skip
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[-3] == (
+        "fix host.memlock: raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; "
+        "podman/docker: --ulimit memlock=-1:-1)"
+    )
+    assert lines[-2] == "preflight: 1 failed, 0 warnings, 31 ok"
+    _, argv = split_shell_line(lines[-1])
+    assert argv[1:3] == ["serve", str(full_skeleton)]
+    assert result.stderr == (
+        "serve --dry-run: 1 check(s) failed (above): serve refuses to run this command until "
+        "they pass (`flashnext preflight` re-checks)\n"
+    )
+    doc = json.loads(invoke("serve", "--dry-run", "--facts", path, "--model", full_skeleton,
+                            "--table", TABLE, "--json").stdout)  # fmt: skip
+    assert doc["result"] == "fail" and doc["command"].startswith("env ")
+
+
+# ---------------------------------------------------------------- issue 13, finding 7
+
+
+def test_a_fix_is_one_whole_line_whatever_its_length(shipped_skeleton, tmp_path):
+    # Not a terminal: the table is 120 columns; a fix under it must not be cut.
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 6) / "Qwen3.8-Flash-Next"
+    deep.parent.mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(shipped_skeleton, deep)
+    result = invoke("preflight", "--facts", BASE_FILE, "--model", deep, "--table", TABLE)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert f"fix model.quant_groups: flashnext checkpoint fix --model {deep}" in lines
+    assert len(f"{deep}") > 120
+    check = invoke("checkpoint", "check", "--model", deep)
+    fixes = [line for line in check.stdout.splitlines() if line.startswith("fix ")]
+    assert f"fix duplicate-targets: flashnext checkpoint fix --model {deep}" in fixes
+    assert len(fixes) == len(set(fixes))  # three groups' same fix is said once
+
+
+def test_fixes_name_the_command_as_invoked(shipped_skeleton, monkeypatch):
+    monkeypatch.setenv("FLASHNEXT_PROG", "./flashnext")
+    result = invoke("preflight", "--facts", BASE_FILE, "--model", shipped_skeleton,
+                    "--table", TABLE)  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert f"fix model.quant_groups: ./flashnext checkpoint fix --model {shipped_skeleton}" in lines
+    assert (
+        "serve: not starting vLLM: fix the failed checks above (`./flashnext preflight` re-checks)"
+        in invoke("serve", "--facts", BASE_FILE, "--model", shipped_skeleton, "--table",
+                  TABLE).stderr
+    )  # fmt: skip
+    # an error's fix too (a ClickException), and only where `flashnext` is the command
+    bench = invoke("bench", "--url", "http://127.0.0.1:9", "--runs", "1", "--warmup", "0",
+                   "--facts", BASE_FILE)  # fmt: skip
+    assert bench.exit_code == 1 and "start the server (`./flashnext serve`)" in bench.stderr
+
+
+def test_the_root_script_says_how_it_was_invoked(shipped_skeleton, tmp_path):
+    # ./flashnext's venv, prebuilt where checks/lib.sh looks for it: this Python.
+    env = {**os.environ, "FLASHNEXT_CACHE": str(tmp_path), "FLASHNEXT_PYTHON": sys.executable}
+    key = subprocess.run(
+        ["bash", "-c", '. checks/lib.sh && launcher_venv_key "$PWD"'],
+        cwd=REPO, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    bindir = tmp_path / "launcher" / key / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bindir / "python").chmod(0o755)
+    (bindir.parent / ".complete").touch()
+    proc = subprocess.run(
+        ["./flashnext", "preflight", "--facts", str(BASE_FILE), "--model", str(shipped_skeleton),
+         "--table", TABLE],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    fix = f"fix model.quant_groups: ./flashnext checkpoint fix --model {shipped_skeleton}"
+    assert fix in proc.stdout.splitlines()

@@ -44,3 +44,71 @@ def test_only_venvs_of_deleted_checkouts_are_removed(tmp_path: Path) -> None:
 
 def test_no_cache_yet_is_fine(tmp_path: Path) -> None:
     assert prune(tmp_path / "empty").returncode == 0
+
+
+# ---------------------------------------------------------------- issue 13, finding 8
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wheelhouse_with(*names: str) -> Path | None:
+    """A pins wheelhouse already in the cache that holds these distributions (offline)."""
+    import os
+
+    cache = Path(os.environ.get("FLASHNEXT_CACHE", Path.home() / ".cache" / "flashnext"))
+    for wheels in sorted((cache / "wheelhouse").glob("*/")):
+        have = {w.name.split("-")[0].lower() for w in wheels.glob("*.whl")}
+        if all(n in have for n in names):
+            return wheels
+    return None
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}  # fmt: skip
+
+
+def test_flashnext_builds_its_venv_once_then_runs_no_pip_and_never_writes_the_checkout(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    wheels = wheelhouse_with("click", "rich", "nvidia_ml_py", "markdown_it_py", "mdurl",
+                             "pygments")  # fmt: skip
+    if wheels is None:
+        import pytest
+
+        pytest.skip("no pins wheelhouse with the launcher's dependencies (pins/build-env)")
+    clone = tmp_path / "clone"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    shutil.copytree(REPO / "launcher", clone / "launcher", ignore=skip)
+    (clone / "checks").mkdir()
+    shutil.copy2(REPO / "checks" / "lib.sh", clone / "checks" / "lib.sh")
+    shutil.copy2(REPO / "flashnext", clone / "flashnext")
+    before = snapshot(clone)
+    cache = tmp_path / "cache"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLASHNEXT_CACHE": str(cache),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}  # fmt: skip
+
+    def version() -> subprocess.CompletedProcess:
+        return subprocess.run([str(clone / "flashnext"), "--version"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    first = version()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "flashnext, version 0.1.0\n"
+    (venv,) = (cache / "launcher").iterdir()
+    assert first.stderr == f"flashnext: building the launcher venv in {venv} (one time)\n"
+    # From now on pip must not run: it would leave this marker.
+    marker = tmp_path / "pip-ran"
+    (venv / "bin" / "pip").write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    second = version()
+    assert (second.returncode, second.stdout, second.stderr) == (
+        0, "flashnext, version 0.1.0\n", ""
+    )  # fmt: skip
+    assert not marker.exists()
+    assert snapshot(clone) == before  # no egg-info, no build/, no __pycache__
+    # the launcher runs from the clone's sources: an edit is live without a rebuild
+    init = clone / "launcher" / "src" / "flashnext" / "__init__.py"
+    init.write_text(init.read_text().replace('"0.1.0"', '"0.1.0+edited"'))
+    assert version().stdout == "flashnext, version 0.1.0+edited\n"

@@ -285,8 +285,13 @@ def test_no_weights_at_all(tiny_dir):
 
 
 def test_not_a_directory(tmp_path):
-    with pytest.raises(ModelFactsError, match="not a directory"):
+    with pytest.raises(ModelFactsError, match="no such directory") as missing:
         read_model_facts(tmp_path / "nope")
+    assert missing.value.missing_dir is True
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ModelFactsError, match="not a directory") as a_file:
+        read_model_facts(tmp_path / "file")
+    assert a_file.value.missing_dir is False
 
 
 def test_index_and_shards_disagree(tiny_dir):

@@ -117,7 +117,7 @@ def test_too_little_kv_for_one_request(full_skeleton, full_model):
 def test_missing_model_dir(tmp_path):
     a = run(base_facts(), tmp_path / "absent")
     f = by_id(a)["model.dir"]
-    assert f.level == "fail" and "absent" in f.measured
+    assert f.level == "fail" and f.measured == "no such directory" and "absent" in f.message
     assert "plan" not in by_id(a)  # model.dir already says why
 
 
@@ -151,3 +151,55 @@ def test_wrong_architecture(tmp_path, shipped_skeleton):
     (other / "config.json").write_text(json.dumps(config))
     f = by_id(run(base_facts(), other))["model.arch"]
     assert f.level == "fail" and "llama" in f.measured
+
+
+# ---------------------------------------------------------------- issue 13, finding 11
+
+
+def test_without_a_model_host_memory_is_still_judged(full_model):
+    # No --model: memlock and RAM are sized from the checkpoint the profile serves
+    # (its skeleton inventory), so a 64 KiB memlock fails before any download.
+    change = VARIANTS["memlock_64k"][0]
+    a = run(change(base_facts()), None)
+    found = by_id(a)
+    memlock = found["host.memlock"]
+    assert (memlock.level, memlock.measured, memlock.required) == (
+        "fail", "64 KiB", ">= 29.19 GiB or unlimited"
+    )  # fmt: skip
+    assert memlock.message == (
+        "RLIMIT_MEMLOCK is 64 KiB; the pinned QSA K/V pools need 29.19 GiB (sized for the "
+        "checkpoint profile 3x3090 serves, as no checkpoint was planned)"
+    )
+    # the same figures as the plan for the real inventory read from disk
+    with_model = run(base_facts(), None, model=full_model)
+    assert found["host.ram"].required == by_id(with_model)["host.ram"].required
+    assert found["host.ram"].level == found["host.cgroup"].level == "ok"
+    assert {f.id for f in a.findings if f.level == "fail"} == {"host.memlock", "model.dir"}
+
+
+def test_a_missing_model_dir_says_check_the_path_and_how_to_download(tmp_path):
+    missing = tmp_path / "Qwen3.8-Flash-Next"
+    f = by_id(run(base_facts(), missing))["model.dir"]
+    assert (f.level, f.measured, f.message) == (
+        "fail", "no such directory", f"{missing}: no such directory"
+    )  # fmt: skip
+    assert f.fix == (
+        "check the path: --model is the checkpoint directory (config.json, *.safetensors); to "
+        "download it there: `hf download Minachist/Qwen3.8-Flash-Next-INT4-Mixed-AutoRound "
+        f"--local-dir {missing}`"
+    )
+    # a directory that exists but lacks files is still a re-download
+    missing.mkdir()
+    assert "`hf download` resumes" in by_id(run(base_facts(), missing))["model.dir"].fix
+
+
+def test_a_profile_without_an_inventory_shows_host_memory_as_unsized(tmp_path):
+    from flashnext.assess import assess
+
+    a = assess(base_facts(), PlanOptions(table_path=TABLE), "h200-tiny")
+    ram = by_id(a)["host.ram"]
+    assert (ram.level, ram.required) == ("warn", "sized by the plan")
+    assert (
+        ram.fix == "pass --model the checkpoint directory: the plan sizes what the host must hold"
+    )
+    assert by_id(a)["host.shm"].level == "ok"

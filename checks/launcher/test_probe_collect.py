@@ -60,8 +60,8 @@ def test_in_container_markers(tmp_path, monkeypatch):
     assert in_container(str(proc), str(tmp_path)) is True
 
 
-def test_tables_for_a_replayed_gpu_host():
-    facts = collect_host_facts({}, [], nvml=ReplayNVML(machine()))
+def test_tables_for_a_replayed_gpu_host(tmp_path):
+    facts = collect_host_facts({}, [], nvml=ReplayNVML(machine()), sys=str(tmp_path))
     titles = [t for t, _, _ in host_facts_tables(facts)]
     assert titles[:2] == ["Host", "Memory"]
     assert titles[2] == "GPUs: 3 (driver 999.99.99, CUDA 12.8)"
@@ -73,6 +73,7 @@ def test_tables_for_a_replayed_gpu_host():
         "8.6",
         "Gen1 x4 (max Gen4 x4)",
         "on",
+        "-",  # NUMA node: none under this sysfs
         "none",
     ]
 

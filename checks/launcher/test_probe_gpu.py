@@ -12,7 +12,8 @@ prints one from a real machine):
   driver_version, cuda_driver_version, device_count, devices: [{name, uuid,
   memory: {total, free, used}, cuda_compute_capability: [major, minor],
   curr/max_pcie_link_generation, curr/max_pcie_link_width, persistence_mode,
-  compute_processes / graphics_processes: [{pid, usedGpuMemory}]}],
+  pci_bus_id (optional: NVML's busId), compute_processes / graphics_processes:
+  [{pid, usedGpuMemory}]}],
   p2p_read: N x N status codes (diagonal null), process_names: {pid: name}.
 """
 
@@ -55,6 +56,7 @@ THREE_3090 = {
             "curr_pcie_link_width": 16 if i < 2 else 4,
             "max_pcie_link_width": 16 if i < 2 else 4,
             "persistence_mode": 1,
+            "pci_bus_id": f"00000000:{i + 1:02X}:00.0",
             "compute_processes": [],
             "graphics_processes": [],
         }
@@ -110,6 +112,9 @@ H200_PROBED = {
                 {"name": "/opt/torch/.venv/bin/python", "pid": 527, "used_memory_bytes": 2690646016}
             ],
             "uuid": "GPU-7aca84b7-080c-08e2-61de-679c8666270c",
+            # Not in that recording (the probe read neither then): none replayed.
+            "pci_bus_id": None,
+            "numa_node": None,
         }
     ],
     "driver_version": "580.159.04",
@@ -222,6 +227,13 @@ class ReplayNVML(types.ModuleType):
 
     def nvmlDeviceGetPersistenceMode(self, h):
         return self._dev(h, "persistence_mode")
+
+    def nvmlDeviceGetPciInfo(self, h):
+        self._ready()
+        bus_id = self.rec["devices"][h.index].get("pci_bus_id")
+        if bus_id is None:  # a recording made before bus ids were recorded
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return types.SimpleNamespace(busId=bus_id.encode() if self.legacy_bytes else bus_id)
 
     def _processes(self, h, key):
         out = []
@@ -484,6 +496,9 @@ def record() -> dict:
                 ("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode),
             ):
                 dev[key] = ask(fn, h)
+            pci = ask(pynvml.nvmlDeviceGetPciInfo, h)
+            bus_id = None if isinstance(pci, dict) else pci.busId
+            dev["pci_bus_id"] = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
             for key, fn in (
                 ("compute_processes", pynvml.nvmlDeviceGetComputeRunningProcesses),
                 ("graphics_processes", pynvml.nvmlDeviceGetGraphicsRunningProcesses),

@@ -100,16 +100,30 @@ def test_the_profile_loads_beside_the_default():
     assert tiny.vllm.additional_config == {"gdn_prefill_backend": "triton"}
     assert tiny.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     assert tiny.env["NCCL_NVLS_ENABLE"] == "0"
-    # The 3x3090 profile has neither optional section: the defaults change nothing.
+    # The 3x3090 profile has neither [table] nor [vllm]: the defaults change nothing.
     assert default.table.medium_check == "fail" and default.vllm.additional_config == {}
 
 
-def test_an_h200_host_selects_it_and_a_3090_host_still_the_default(tmp_path):
+def test_a_test_profile_is_chosen_by_name_only(tmp_path):
+    # A host with exactly one H200 is not a test host: without --profile it gets the
+    # default (and preflight then says its GPUs do not match), never h200-tiny.
     model = tmp_path / "m"  # only the GPUs matter for the choice
     facts = h200_facts(model, tmp_path / "t.bin", free_port())
     parsed = host_facts_from_json(json.dumps(facts), source="h200")
-    assert select_profile(parsed, None)[0].name == PROFILE
+    assert select_profile(parsed, None) == (
+        available_profiles()["3x3090"],
+        "default profile (no profile matches the 1 GPU(s) in the facts)",
+    )
+    assert select_profile(parsed, PROFILE) == (
+        available_profiles()[PROFILE],
+        "chosen with --profile",
+    )
     assert select_profile(base_facts(), None)[0].name == "3x3090"
+    assert available_profiles()[PROFILE].auto_select is False
+    assert available_profiles()["3x3090"].auto_select is True
+    text = (resources.files("flashnext.profiles") / "h200-tiny.toml").read_text()
+    with pytest.raises(ProfileError, match="auto_select must be true or false"):
+        parse_profile(text.replace("auto_select = false", 'auto_select = "no"'), "x.toml")
 
 
 def test_the_optional_sections_are_validated():
@@ -153,7 +167,7 @@ def test_the_3x3090_profile_still_refuses_that_disk(host):
     assert medium["level"] == "fail" and "accepts it" not in medium["message"]
 
 
-def test_the_dry_run_command(host):
+def test_the_dry_run_command(host, patched_vllm_env):
     model, table, _, port = host
     result = invoke("serve", *plan_args(host), "--dry-run")
     assert result.exit_code == 0, result.output
@@ -170,7 +184,7 @@ def test_the_dry_run_command(host):
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
     }
     assert argv == [
-        "vllm", "serve", str(model),
+        str(patched_vllm_env / "venv" / "bin" / "vllm"), "serve", str(model),
         "--served-model-name", "qwen3.8-flash-next",
         "--host", "127.0.0.1", "--port", str(port),
         "--pipeline-parallel-size", "1", "--tensor-parallel-size", "1",
@@ -197,6 +211,7 @@ def test_the_3x3090_command_has_no_additional_config(full_skeleton):
         "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
         "VLLM_QSA_KV_OFFLOAD", "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS",
         "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES",
+        "NCCL_P2P_DISABLE",  # the facts' 3090s have no P2P (issue 13, finding 10)
     }  # fmt: skip
 
 
@@ -241,7 +256,7 @@ def test_vllm_parses_the_dry_run_command(host):
     model, table, _, port = host
     result = invoke("serve", *plan_args(host), "--dry-run")
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
-    assert argv[:2] == ["vllm", "serve"]
+    assert Path(argv[0]).name == "vllm" and argv[1] == "serve"
     proc = subprocess.run(
         [py, "-c", VLLM_SIDE],
         input=json.dumps({"argv": argv[2:], "env": env}),

@@ -207,8 +207,8 @@ def test_missing_binary_says_how_to_get_it():
     )  # fmt: skip
     assert rc == 1
     assert log.getvalue() == (
-        "flashnext: error: 'vllm' not found on the server's PATH; build the pinned env with "
-        "`pins/build-env` and put ENV/venv/bin first on PATH\n"
+        "flashnext: error: 'vllm' not found on the server's PATH; pass --vllm-env with the "
+        "dir `pins/build-env` prints\n"
     )
 
 

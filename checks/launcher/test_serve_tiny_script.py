@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from h200_tiny_facts import write_h200_facts
+from vllm_env_fixtures import checkout_stamp, write_vllm_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "checks" / "gpu" / "serve-tiny"
@@ -48,8 +49,12 @@ def inputs(tmp_path_factory):
     )  # fmt: skip
     kit = root / "kit"
     kit.mkdir()
-    # What KIT/env-patched.sh sets that matters here: PATH with `vllm` first.
+    # What KIT/env-patched.sh sets that matters here: PYTHONPATH with the patched
+    # tree (stamped with this checkout's series, as the kit's overlay is) and PATH
+    # with `vllm` first, whose Python preflight asks (no venv, as on the GPU host).
+    write_vllm_tree(kit / "patched", stamp=checkout_stamp())
     (kit / "env-patched.sh").write_text(
+        f"export PYTHONPATH={kit / 'patched'}\n"
         f'export PATH={STANDIN_DIR}:"$PATH"\n'
         "export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1\n"
     )
@@ -135,6 +140,10 @@ def test_the_whole_run_passes(inputs, tmp_path):
     assert report["preflight"]["profile"] == "h200-tiny"
     preflight = json.loads((out / "preflight.json").read_text())
     assert preflight["result"] == "warn" and preflight["profile"] == "h200-tiny"
+    # the kit's vLLM: `vllm` on PATH, its Python asked with the kit's PYTHONPATH
+    env_check = next(f for f in preflight["findings"] if f["id"] == "vllm.env")
+    assert env_check["level"] == "ok", env_check
+    assert env_check["message"].startswith(f"{STANDIN_DIR / 'vllm'} (PATH); stamp equal")
     assert alive_with_prefix(f"TINY{port}::") == []
     # the summary table names every step
     assert re.search(r"^serve +ok ", proc.stdout, re.M) and "PASSED in" in proc.stdout

@@ -17,7 +17,7 @@ from flashnext.facts.model import (
     read_model_facts,
 )
 from flashnext.facts.model_derived import ple_table_shape
-from flashnext.facts.schema import HostFacts, ModelFacts, host_facts_from_json
+from flashnext.facts.schema import HostFacts, ModelFacts, VllmEnvFacts, host_facts_from_json
 from flashnext.partition import PartitionError
 from flashnext.plan import Plan, PlanError, PlanOptions, plan
 from flashnext.profiles import Profile, select_profile
@@ -33,6 +33,8 @@ class Assessment:
     plan: Plan | None
     plan_error: str | None
     findings: list[Finding]
+    vllm_env: VllmEnvFacts | None = None
+    """The vLLM serve would start, when it was asked (preflight, serve)."""
 
 
 def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
@@ -50,12 +52,34 @@ def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
 
 
 def read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None]:
+    model, error, _ = _read_model(model_dir)
+    return model, error
+
+
+def _read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None, bool]:
+    """(facts, why not, whether the directory itself is missing)."""
     if not model_dir:
-        return None, "no model directory given"
+        return None, "no model directory given", False
     try:
-        return read_model_facts(model_dir), None
+        return read_model_facts(model_dir), None, False
     except ModelFactsError as exc:
-        return None, str(exc)
+        return None, str(exc), exc.missing_dir
+
+
+def reference_plan(
+    facts: HostFacts, profile: Profile, options: PlanOptions, reason: str
+) -> Plan | None:
+    """The plan for the profile's own checkpoint (its skeleton inventory), used to size
+    host memory when no checkpoint could be read or planned; None without one."""
+    if profile.checkpoint.skeleton is None:
+        return None
+    from flashnext.skeleton import reference_model_facts
+
+    try:
+        return plan(facts, reference_model_facts(profile.checkpoint.skeleton), profile, options,
+                    profile_reason=reason)  # fmt: skip
+    except (PlanError, PartitionError, KeyError, ValueError):
+        return None  # e.g. a --pp-layer-partition for another layer count
 
 
 def read_generation_config(directory: str | None) -> tuple[dict | None, str | None]:
@@ -74,13 +98,18 @@ def assess(
     profile_name: str | None,
     model: ModelFacts | None = None,
     facts_source: str | None = None,
+    vllm_env: VllmEnvFacts | None = None,
+    patch_series: tuple[tuple[str, str], ...] | None = None,
+    build_env: str | None = None,
 ) -> Assessment:
     """`model`: facts already read from options.model_dir (tests reuse one read);
-    `facts_source`: the facts file replayed (--facts), named in findings."""
+    `facts_source`: the facts file replayed (--facts), named in findings;
+    `vllm_env`: the vLLM serve would start (None: not judged), with this checkout's
+    `patch_series` and the `build_env` command (None outside a checkout)."""
     profile, reason = select_profile(facts, profile_name)
-    model_error = None
+    model_error, model_missing = None, False
     if model is None:
-        model, model_error = read_model(options.model_dir)
+        model, model_error, model_missing = _read_model(options.model_dir)
     the_plan, plan_error = None, None
     table_shape = table_shape_error = None
     if model is None:
@@ -94,6 +123,7 @@ def assess(
             table_shape = ple_table_shape(model.text_config)
         except (ValueError, AttributeError) as exc:  # ConfigValueError names the key
             table_shape_error = f"{Path(model.path) / CONFIG_FILE}: {exc}"
+    host_plan = the_plan or reference_plan(facts, profile, options, reason)
     generation_config, generation_config_error = read_generation_config(
         options.generation_config_dir
     )
@@ -115,6 +145,13 @@ def assess(
             generation_config=generation_config,
             generation_config_error=generation_config_error,
             table_shape_error=table_shape_error,
+            model_missing=model_missing,
+            host_plan=host_plan,
+            vllm_env=vllm_env,
+            patch_series=patch_series,
+            build_env=build_env,
         )
     )
-    return Assessment(facts, profile, reason, model, model_error, the_plan, plan_error, findings)
+    return Assessment(
+        facts, profile, reason, model, model_error, the_plan, plan_error, findings, vllm_env
+    )

@@ -9,13 +9,16 @@ required, a message citing the fact, and a fix you can paste.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from flashnext import VLLM_VERSION
+from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
-from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts
+from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
 from flashnext.render import gib, size
@@ -62,6 +65,18 @@ class PreflightInput:
     """Why DIR/generation_config.json could not be read."""
     table_shape_error: str | None = None
     """Why config.json implies no table shape (table_shape is then None)."""
+    model_missing: bool = False
+    """model_dir does not exist (a wrong path, or not downloaded yet)."""
+    host_plan: Plan | None = None
+    """The plan host memory is judged by: `plan`, else the plan for the profile's own
+    checkpoint inventory (no checkpoint read); None: neither."""
+    vllm_env: VllmEnvFacts | None = None
+    """The vLLM serve would start; None: not asked (`plan`, pure tests)."""
+    patch_series: tuple[tuple[str, str], ...] | None = None
+    """(name, sha256) of each patch in this checkout's series; None outside a checkout."""
+    build_env: str | None = None
+    """The command that builds the pinned env from here (`pins/build-env`); None
+    outside a checkout (the Nix app and the image carry their env)."""
 
 
 def _ok(id_: str, measured: str, required: str, message: str) -> Finding:
@@ -129,6 +144,126 @@ def gpus(inp: PreflightInput) -> Iterator[Finding]:
         yield _ok("gpu.count", f"{len(devices)}x {seen}", want, "GPU model and count match")
     for d in devices:
         yield from _gpu_device(d, inp)
+    if len(devices) > 1:
+        yield from _gpu_p2p(inp)
+    yield from _gpu_numa(inp)
+
+
+def _gpu_p2p(inp: PreflightInput) -> Iterator[Finding]:
+    """The P2P matrix NVML reports: without P2P, PP activations cross host memory."""
+    statuses: dict[tuple[int, int], set[str]] = {}
+    present = {d.index for d in inp.facts.gpu.devices}
+    for link in inp.facts.gpu.p2p:
+        if {link.gpu_a, link.gpu_b} <= present:
+            statuses.setdefault(tuple(sorted((link.gpu_a, link.gpu_b))), set()).add(link.status)
+    required = "GPU to GPU, or through host memory"
+    if not statuses:
+        yield Finding(
+            "gpu.p2p",
+            "warn",
+            "unknown",
+            required,
+            f"{_facts_lack(inp, 'the GPUs P2P matrix')}: whether PP traffic goes GPU to GPU "
+            "or through host memory is unknown",
+            f"check `nvidia-smi topo -p2p r`; {_RECORD_FACTS}",
+        )
+        return
+    matrix = ", ".join(f"{a}-{b} {'/'.join(sorted(s))}" for (a, b), s in sorted(statuses.items()))
+    without = [pair for pair, s in sorted(statuses.items()) if s != {"ok"}]
+    if any("unknown" in s for s in statuses.values()):
+        yield Finding(
+            "gpu.p2p",
+            "warn",
+            f"partly unknown: {matrix}",
+            required,
+            f"NVML could not say for every pair of GPUs whether P2P works ({matrix})",
+            "check `nvidia-smi topo -p2p r`",
+        )
+    elif without:
+        yield _ok(
+            "gpu.p2p",
+            f"no P2P on {len(without)} of {len(statuses)} pairs",
+            required,
+            f"P2P reads: {matrix}: PP activations go through host memory (NCCL's shared-"
+            "memory transport), so the plan sets NCCL_P2P_DISABLE=1",
+        )
+    else:
+        yield _ok("gpu.p2p", "P2P on every pair", required, f"P2P reads: {matrix}")
+
+
+def _gpu_numa(inp: PreflightInput) -> Iterator[Finding]:
+    """GPUs and the pinned K/V pools on the same NUMA node of a multi-socket host."""
+    numa, devices = inp.facts.numa, inp.facts.gpu.devices
+    gpus = ", ".join(
+        f"GPU{d.index} node {'-' if d.numa_node is None else d.numa_node}" for d in devices
+    )
+    required = "pools on the GPUs' node"
+    if not numa.nodes:
+        yield Finding(
+            "gpu.numa",
+            "warn",
+            "unknown",
+            required,
+            f"{_facts_lack(inp, 'the NUMA nodes')}: whether the pinned K/V pools sit on "
+            "the GPUs' node is unknown",
+            f"check `numactl -H` and `nvidia-smi topo -m`; {_RECORD_FACTS}",
+        )
+        return
+    if len(numa.nodes) == 1:
+        yield _ok(
+            "gpu.numa",
+            "1 NUMA node",
+            required,
+            "one NUMA node: the pinned pools and the GPUs share it"
+            + (f" ({gpus})" if gpus else ""),
+        )
+        return
+    nodes = len(numa.nodes)
+    gpu_nodes = sorted({d.numa_node for d in devices if d.numa_node is not None})
+    mems = sorted(set(numa.mems_allowed or numa.nodes))
+    if len(gpu_nodes) > 1:
+        yield Finding(
+            "gpu.numa",
+            "warn",
+            f"GPUs on nodes {gpu_nodes}",
+            required,
+            f"{nodes} NUMA nodes, the GPUs on {len(gpu_nodes)} of them ({gpus}): one "
+            "process-wide binding cannot keep every rank's pinned K/V pool beside its GPU, "
+            "so some ranks read host K/V across the socket interconnect every token",
+            "put the GPUs in slots of one socket if the board allows; otherwise expect "
+            "slower decode on the far ranks",
+        )
+    elif not devices or any(d.numa_node is None for d in devices):
+        yield Finding(
+            "gpu.numa",
+            "warn",
+            "GPU nodes unknown",
+            required,
+            f"{nodes} NUMA nodes, but not every GPU's node is known ({gpus or 'no GPUs'})",
+            "check `nvidia-smi topo -m` (the NUMA Affinity column)",
+        )
+    elif mems == gpu_nodes:
+        yield _ok(
+            "gpu.numa",
+            f"bound to node {mems[0]}",
+            required,
+            f"{nodes} NUMA nodes; this process allocates on node {mems[0]} only, where the "
+            f"GPUs sit ({gpus})",
+        )
+    else:
+        n = gpu_nodes[0]
+        yield Finding(
+            "gpu.numa",
+            "warn",
+            f"GPUs on node {n}, pools on {mems}",
+            required,
+            f"{nodes} NUMA nodes; the GPUs sit on node {n} ({gpus}) but this process may "
+            f"allocate on nodes {mems}: each worker's pinned K/V pool lands where it is "
+            "first touched, possibly across the socket interconnect from its GPU",
+            f"start serve bound to node {n}: `numactl --cpunodebind={n} --membind={n} "
+            f"flashnext serve ...` (podman/docker: --cpuset-mems={n} and that node's CPUs "
+            "in --cpuset-cpus)",
+        )
 
 
 def _gpu_device(d, inp: PreflightInput) -> Iterator[Finding]:
@@ -240,9 +375,19 @@ def _gpu_pcie(d, inp: PreflightInput) -> Iterator[Finding]:
 
 @check
 def host_memory(inp: PreflightInput) -> Iterator[Finding]:
-    mem, plan = inp.facts.memory, inp.plan
-    if plan is None:
-        return
+    """RAM, memlock and the cgroup against the plan; without one (no checkpoint read)
+    against the plan for the profile's own checkpoint; /dev/shm always."""
+    plan = inp.plan or inp.host_plan
+    if plan is not None:
+        yield from _host_memory_for(inp, plan)
+    else:
+        yield from _host_memory_unsized(inp)
+    yield from _host_shm(inp)
+
+
+def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
+    mem = inp.facts.memory
+    sized = "" if inp.plan is not None else _SIZED_FOR_PROFILE.format(inp.profile.name)
     need = plan.host_ram_needed_bytes
     pinned = plan.pinned_bytes_needed
     avail = mem.mem_available_bytes
@@ -263,11 +408,13 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
             f"{gib(avail)} available",
             f">= {gib(need)}",
             f"the plan pins {gib(pinned)} of QSA K/V pools plus {gib(need - pinned)} for the "
-            f"processes, the host has {gib(avail)} available",
+            f"processes, the host has {gib(avail)} available{sized}",
             "free host memory, or lower --kv-cache-memory-bytes (fewer pinned K/V blocks)",
         )
     else:
-        yield _ok("host.ram", f"{gib(avail)} available", f">= {gib(need)}", "enough host RAM")
+        yield _ok(
+            "host.ram", f"{gib(avail)} available", f">= {gib(need)}", f"enough host RAM{sized}"
+        )
 
     soft = mem.memlock_soft_bytes
     if pinned == 0:
@@ -289,12 +436,12 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
             "fail",
             _limit(soft),
             f">= {gib(pinned)} or unlimited",
-            f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned QSA K/V pools need {gib(pinned)}",
+            f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned QSA K/V pools need {gib(pinned)}{sized}",
             "raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; podman/docker: "
             "--ulimit memlock=-1:-1)",
         )
     else:
-        yield _ok("host.memlock", _limit(soft), f">= {gib(pinned)} or unlimited", "enough")
+        yield _ok("host.memlock", _limit(soft), f">= {gib(pinned)} or unlimited", f"enough{sized}")
 
     limit = mem.cgroup_memory_limit_bytes
     if "cgroup_memory_limit_bytes" in mem.unknown:
@@ -315,7 +462,7 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
             gib(limit),
             f">= {gib(need)} or no limit",
             f"this process's cgroup ({mem.cgroup_version}) is limited to {gib(limit)}, the "
-            f"plan needs {gib(need)}: the kernel would OOM-kill vLLM",
+            f"plan needs {gib(need)}: the kernel would OOM-kill vLLM{sized}",
             "raise the limit (podman/docker: --memory or drop it; systemd: MemoryMax=)",
         )
     else:
@@ -323,9 +470,47 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
             "host.cgroup",
             "no limit" if limit is None else gib(limit),
             f">= {gib(need)} or no limit",
-            "cgroup allows the plan",
+            f"cgroup allows the plan{sized}",
         )
 
+
+_SIZED_FOR_PROFILE = " (sized for the checkpoint profile {} serves, as no checkpoint was planned)"
+
+
+def _host_memory_unsized(inp: PreflightInput) -> Iterator[Finding]:
+    """No plan at all: show what the host has; what it needs waits for a checkpoint."""
+    mem = inp.facts.memory
+    required = "sized by the plan"
+    fix = "pass --model the checkpoint directory: the plan sizes what the host must hold"
+    why = "without a readable checkpoint (--model) the plan cannot size"
+    yield Finding(
+        "host.ram",
+        "warn",
+        f"{gib(mem.mem_available_bytes)} available",
+        required,
+        f"{why} the host RAM vLLM needs",
+        fix,
+    )
+    soft = mem.memlock_soft_bytes
+    if soft is None and "memlock_soft_bytes" not in mem.unknown:
+        yield _ok("host.memlock", "unlimited", "any", "any pinned pool can be locked")
+    else:
+        shown = "unknown" if "memlock_soft_bytes" in mem.unknown else _limit(soft)
+        yield Finding(
+            "host.memlock", "warn", shown, required, f"{why} the pinned QSA K/V pools", fix
+        )
+    limit = mem.cgroup_memory_limit_bytes
+    if limit is None and "cgroup_memory_limit_bytes" not in mem.unknown:
+        yield _ok("host.cgroup", "no limit", "any", "no memory limit")
+    else:
+        shown = "unknown" if "cgroup_memory_limit_bytes" in mem.unknown else gib(limit)
+        yield Finding(
+            "host.cgroup", "warn", shown, required, f"{why} what vLLM needs under it", fix
+        )
+
+
+def _host_shm(inp: PreflightInput) -> Iterator[Finding]:
+    mem = inp.facts.memory
     min_shm = inp.profile.memory.min_shm_bytes
     if "shm_total_bytes" in mem.unknown:
         yield Finding(
@@ -475,6 +660,20 @@ def model(inp: PreflightInput) -> Iterator[Finding]:
             "a checkpoint directory",
             "no model directory was given",
             "pass --model DIR (or `flashnext skeleton DIR` to plan before downloading)",
+        )
+        return
+    if inp.model is None and inp.model_missing:
+        repo = inp.profile.checkpoint.hub_repo
+        where = shlex.quote(inp.model_dir)
+        get = f"; to download it there: `hf download {repo} --local-dir {where}`"
+        yield Finding(
+            "model.dir",
+            "fail",
+            "no such directory",
+            "a complete checkpoint",
+            inp.model_error or f"{inp.model_dir}: no such directory",
+            "check the path: --model is the checkpoint directory (config.json, *.safetensors)"
+            + (get if repo else ""),
         )
         return
     if inp.model is None:
@@ -813,6 +1012,136 @@ def _table_medium(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
             f"the table's device ({st.transport}) is not a local NVMe drive",
             fix,
         )
+
+
+# ---------------------------------------------------------------- the vLLM serve starts
+
+
+@check
+def vllm_env(inp: PreflightInput) -> Iterator[Finding]:
+    """The vLLM serve would exec: importable, the pinned version, this checkout's patches."""
+    env = inp.vllm_env
+    if env is None:
+        return
+    series = inp.patch_series
+    required = (
+        f"vLLM {VLLM_VERSION} + the {len(series)} patches of patches/vllm-{VLLM_VERSION}"
+        if series is not None
+        else f"vLLM {VLLM_VERSION} + the flashnext patches"
+    )
+    where = env.executable or env.env_dir or "-"
+    use_pinned = _use_pinned_env(inp)
+    if env.selected_by == "none":
+        built = f", and {inp.build_env} has not built the pinned env here" if inp.build_env else ""
+        yield Finding(
+            "vllm.env",
+            "fail",
+            "no vLLM found",
+            required,
+            "no vLLM to start: --vllm-env and FLASHNEXT_VLLM_ENV are unset, no `vllm` is on "
+            f"PATH{built}",
+            (
+                f"{inp.build_env} (builds the pinned, patched env: {BUILD_DOWNLOAD_TEXT}, "
+                f"{BUILD_INSTALLED_TEXT}; `flashnext serve` runs it itself)"
+            )
+            if inp.build_env
+            else use_pinned,
+        )
+        return
+    if env.error:
+        yield Finding(
+            "vllm.env",
+            "fail",
+            "not usable",
+            required,
+            f"the vLLM chosen by {env.selected_by} ({where}): {env.error}",
+            use_pinned,
+        )
+        return
+    if env.version != VLLM_VERSION:
+        yield Finding(
+            "vllm.env",
+            "fail",
+            f"vLLM {env.version}",
+            required,
+            f"{where} ({env.selected_by}) runs vLLM {env.version} from {env.package_dir}; "
+            f"the patch series is written for {VLLM_VERSION}",
+            use_pinned,
+        )
+        return
+    if env.stamp_error:
+        yield Finding(
+            "vllm.env",
+            "fail",
+            "unreadable patch stamp",
+            required,
+            f"{env.package_dir}/_flashnext_patches.json cannot be read: {env.stamp_error}",
+            use_pinned,
+        )
+        return
+    if env.stamp is None:
+        yield Finding(
+            "vllm.env",
+            "fail",
+            f"stock vLLM {env.version}",
+            required,
+            f"{where} ({env.selected_by}) runs a stock vLLM from {env.package_dir} (no "
+            "_flashnext_patches.json): it refuses qwen4_exp under PP=3 and has neither the "
+            "PLE table file nor the QSA offload",
+            use_pinned,
+        )
+        return
+    applied = tuple((p.get("name"), p.get("sha256")) for p in env.stamp.get("patches") or ())
+    stamped_for = env.stamp.get("vllm_version")
+    if stamped_for != VLLM_VERSION or (series is not None and applied != series):
+        yield Finding(
+            "vllm.env",
+            "fail",
+            f"stale: {_stamp_difference(applied, series, stamped_for)}",
+            required,
+            f"{env.package_dir} ({env.selected_by}) was patched with another series than this "
+            "checkout's: it runs other code than the one proven here",
+            use_pinned,
+        )
+        return
+    compared = (
+        "equal to this checkout's series"
+        if series is not None
+        else "no checkout series to compare (an installed launcher ships with its env)"
+    )
+    yield _ok(
+        "vllm.env",
+        f"vLLM {env.version}, {len(applied)} patches",
+        required,
+        f"{where} ({env.selected_by}); stamp {compared}",
+    )
+
+
+def _use_pinned_env(inp: PreflightInput) -> str:
+    if inp.build_env:
+        return (
+            f'pass --vllm-env "$({inp.build_env} | tail -1)" (builds the pinned, patched env '
+            "or reuses the built one)"
+        )
+    return (
+        "pass --vllm-env DIR of an env built by pins/build-env in a flashnext checkout, or "
+        "run the Nix app or the image, which carry theirs"
+    )
+
+
+def _stamp_difference(
+    applied: tuple[tuple[Any, Any], ...], series: tuple[tuple[str, str], ...] | None, version: Any
+) -> str:
+    if version != VLLM_VERSION:
+        return f"stamped for vLLM {version}"
+    names = {n for n, _ in applied}
+    for name, digest in series or ():
+        if name not in names:
+            return f"{name} not applied"
+        if (name, digest) not in applied:
+            return f"{name} changed since"
+    extra = [n for n, _ in applied if n not in {n for n, _ in series or ()}]
+    return f"{extra[0]} not in the series" if extra else "patch order differs"
 
 
 # ---------------------------------------------------------------- port

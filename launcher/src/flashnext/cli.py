@@ -12,7 +12,33 @@ from flashnext import __version__
 from flashnext.table.file_layout import DEFAULT_LAYOUT, LAYOUTS  # pure arithmetic, no I/O
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Main(click.Group):
+    """The root group: an error's fix names the command as it was invoked."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            exc.message = _name_command(exc.message)
+            raise
+
+
+def _prog() -> str:
+    from flashnext.invocation import invoked_as
+
+    return invoked_as()
+
+
+def _name_command(text: str) -> str:
+    from flashnext.invocation import name_command
+
+    return name_command(text, _prog())
+
+
+@click.group(
+    cls=_Main,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="flashnext")
 def main() -> None:
     """Serve Qwen3.8-Flash-Next on 3x RTX 3090 with a patched vLLM 0.33.0 (PP=3).
@@ -61,7 +87,8 @@ def _plan_options(fn):
             "profile_name",
             envvar="FLASHNEXT_PROFILE",
             show_envvar=True,
-            help="Hardware profile; default: the one matching the GPUs, else 3x3090.",
+            help="Hardware profile; default: the one matching the GPUs (test profiles are "
+            "chosen by name only), else 3x3090.",
         ),
         click.option(
             "--host",
@@ -116,7 +143,63 @@ def _plan_options(fn):
     return fn
 
 
-def _assess(kw: dict):
+_VLLM_ENV_OPTION = click.option(
+    "--vllm-env",
+    "vllm_env_dir",
+    envvar="FLASHNEXT_VLLM_ENV",
+    show_envvar=True,
+    type=click.Path(file_okay=False),
+    help="The vLLM env to judge and run: the dir `pins/build-env` prints (its venv/bin/vllm). "
+    "Default: `vllm` on PATH, else this checkout's pinned env (serve builds it if missing).",
+)
+
+
+def _vllm_env_selection() -> str:
+    """Where --vllm-env's value came from, as findings name it."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source("vllm_env_dir")
+    return "FLASHNEXT_VLLM_ENV" if source == ParameterSource.ENVIRONMENT else "--vllm-env"
+
+
+def _build_env_command(checkout) -> str | None:
+    """pins/build-env as the user can type it from here (relative inside the checkout)."""
+    import os
+    import shlex
+
+    if checkout is None or checkout.build_env is None:
+        return None
+    rel = os.path.relpath(checkout.build_env)
+    return shlex.quote(rel if not rel.startswith("..") else str(checkout.build_env))
+
+
+def _vllm_env_inputs(env_dir: str | None, selected_by: str) -> dict:
+    """assess()'s vllm_env, patch_series and build_env: the env probed on this machine."""
+    import os
+
+    from flashnext.checkout import find_checkout, series_patches
+    from flashnext.facts.vllm_env import probe_vllm_env
+
+    checkout = find_checkout()
+    series = None
+    if checkout is not None:
+        try:
+            series = series_patches(checkout.series_dir)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot read this checkout's patch series ({exc}); restore patches/ "
+                "(git checkout patches)"
+            ) from exc
+    return {
+        "vllm_env": probe_vllm_env(env_dir, selected_by, os.environ, checkout),
+        "patch_series": series,
+        "build_env": _build_env_command(checkout),
+    }
+
+
+def _assess(kw: dict, model=None, env_inputs: dict | None = None):
+    """Facts (probed or replayed), profile, plan, findings; with `env_inputs` the vLLM
+    env is judged too (preflight, serve)."""
     from flashnext.assess import assess, load_facts
     from flashnext.facts.schema import FactsSchemaError
     from flashnext.plan import PlanOptions
@@ -135,20 +218,30 @@ def _assess(kw: dict):
     )
     try:
         facts = load_facts(kw["facts_file"], options)
-        return assess(facts, options, kw["profile_name"], facts_source=kw["facts_file"])
+        return assess(
+            facts,
+            options,
+            kw["profile_name"],
+            model=model,
+            facts_source=kw["facts_file"],
+            **(env_inputs or {}),
+        )
     except (FactsSchemaError, ProfileError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 def _preflight_doc(a) -> dict:
+    import dataclasses
+
     from flashnext.checks import worst
     from flashnext.facts.schema import to_jsonable
 
+    findings = [dataclasses.replace(f, fix=_name_command(f.fix)) for f in a.findings]
     return {
         "profile": a.profile.name,
         "profile_reason": a.profile_reason,
         "result": worst(a.findings),
-        "findings": to_jsonable(a.findings),
+        "findings": to_jsonable(findings),
         "facts": to_jsonable(a.facts),
         "plan": a.plan.to_json() if a.plan else None,
         "plan_error": a.plan_error,
@@ -171,22 +264,29 @@ def _reachable_host(host: str) -> str:
 
 @main.command()
 @_plan_options
-def preflight(as_json: bool, **kw) -> None:
-    """Check this host (or a facts file), the model and the table against the plan.
+@_VLLM_ENV_OPTION
+def preflight(as_json: bool, vllm_env_dir: str | None, **kw) -> None:
+    """Check this host (or a facts file), the model, the table and the vLLM env serve runs.
 
     Every failed check says what was measured, what is required and how to fix
     it. Exit 1 if any check fails.
     """
-    from flashnext.render import emit_json, render_findings
+    from flashnext.render import emit_json
 
-    a = _assess(kw)
+    a = _assess(kw, env_inputs=_vllm_env_inputs(vllm_env_dir, _vllm_env_selection()))
     if as_json:
         emit_json(_preflight_doc(a))
     else:
-        render_findings(a.findings)
-        click.echo(_summary_line(a.findings))
+        _render_preflight(a.findings)
     if any(f.level == "fail" for f in a.findings):
         raise SystemExit(1)
+
+
+def _render_preflight(findings) -> None:
+    from flashnext.render import render_findings
+
+    render_findings(findings, _prog())
+    click.echo(_summary_line(findings))
 
 
 @main.command("plan")
@@ -217,10 +317,12 @@ def plan_cmd(as_json: bool, **kw) -> None:
 
 @main.command()
 @_plan_options
+@_VLLM_ENV_OPTION
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the exact command and environment (shell-quoted) and exit.",
+    help="Print the exact command and environment (shell-quoted) and exit; exit 1 (after "
+    "the failures and the command) if a check fails.",
 )
 @click.option(
     "--startup-timeout",
@@ -235,54 +337,72 @@ def plan_cmd(as_json: bool, **kw) -> None:
     help="File holding the API key (else VLLM_API_KEY).",
 )
 def serve(
-    as_json: bool, dry_run: bool, startup_timeout: float, api_key_file: str | None, **kw
+    as_json: bool,
+    vllm_env_dir: str | None,
+    dry_run: bool,
+    startup_timeout: float,
+    api_key_file: str | None,
+    **kw,
 ) -> None:
     """Preflight, then run `vllm serve` with the plan's argv and env, supervised.
 
+    The vLLM is --vllm-env's, else `vllm` on PATH, else this checkout's pinned,
+    patched env; when there is none and every other check passes, serve builds it
+    with pins/build-env first (it says the download and disk sizes before).
     Refuses to start (exit 1) on any failed check. Waits for /health, sends one
     smoke completion, reports ready; exits non-zero if the engine dies.
     """
     import os
 
-    from flashnext.command import shell_line
-    from flashnext.render import emit_json, render_findings
+    from flashnext.render import emit_json
 
-    a = _assess(kw)
+    env_inputs = _vllm_env_inputs(vllm_env_dir, _vllm_env_selection())
+    a = _assess(kw, env_inputs=env_inputs)
+    if not dry_run and _only_the_env_is_missing(a.findings) and env_inputs["build_env"]:
+        env_inputs = _build_pinned_env(env_inputs)
+        a = _assess(kw, model=a.model, env_inputs=env_inputs)
     failed = [f for f in a.findings if f.level == "fail"]
+    command = _command_line(a) if a.plan else None
     if as_json:
-        emit_json(
-            {
-                **_preflight_doc(a),
-                "dry_run": dry_run,
-                "command": shell_line(a.plan.argv, a.plan.env) if a.plan else None,
-            }
-        )
+        emit_json({**_preflight_doc(a), "dry_run": dry_run, "command": command})
     elif failed or not dry_run:
-        render_findings(a.findings)
-        click.echo(_summary_line(a.findings))
+        _render_preflight(a.findings)
+    if dry_run:
+        if not as_json:
+            if command is not None:
+                click.echo(command)
+            else:
+                click.echo(f"serve --dry-run: no command: {a.plan_error}", err=True)
+        if failed:
+            click.echo(
+                f"serve --dry-run: {len(failed)} check(s) failed (above): serve refuses to "
+                f"run this command until they pass (`{_prog()} preflight` re-checks)",
+                err=True,
+            )
+            raise SystemExit(1)
+        return
     if failed:
         click.echo(
             "serve: not starting vLLM: fix the failed checks above "
-            "(`flashnext preflight` re-checks)",
+            f"(`{_prog()} preflight` re-checks)",
             err=True,
         )
         raise SystemExit(1)
-    if dry_run:
-        if not as_json:
-            click.echo(shell_line(a.plan.argv, a.plan.env))
-        return
     from flashnext.serve import ServeError, load_api_key, supervise
 
     try:
         api_key = load_api_key(os.environ, api_key_file)
     except ServeError as exc:
         raise click.ClickException(str(exc)) from exc
+    vllm = a.vllm_env
+    click.echo(f"flashnext: vLLM: {vllm.executable} ({vllm.selected_by})", err=True)
     env = {**os.environ, **a.plan.env}
     base = f"http://{_reachable_host(kw['host'])}:{kw['port']}"
     raise SystemExit(
         supervise(
             list(a.plan.argv),
             env,
+            executable=vllm.executable,
             health_url=f"{base}/health",
             completion_url=f"{base}/v1/completions",
             model_name=kw["served_model_name"],
@@ -290,6 +410,46 @@ def serve(
             startup_timeout_s=startup_timeout,
         )
     )
+
+
+def _command_line(a) -> str:
+    """The plan's command as serve runs it: argv[0] is the chosen env's `vllm` (the plan's
+    own `vllm` when that is the one PATH finds, or when no env was found)."""
+    from flashnext.command import shell_line
+
+    argv = list(a.plan.argv)
+    env = a.vllm_env
+    if env is not None and env.executable and env.selected_by != "PATH":
+        argv[0] = env.executable
+    return shell_line(argv, a.plan.env)
+
+
+def _only_the_env_is_missing(findings) -> bool:
+    failed = [f for f in findings if f.level == "fail"]
+    return [f.id for f in failed] == ["vllm.env"] and failed[0].measured == "no vLLM found"
+
+
+def _build_pinned_env(env_inputs: dict) -> dict:
+    """Run pins/build-env (sizes first, its progress on stderr); the env it printed, probed."""
+    import os
+
+    from flashnext.checkout import find_checkout
+    from flashnext.facts.vllm_env import probe_vllm_env
+    from flashnext.serve import ServeError, build_vllm_env
+
+    checkout = find_checkout()
+
+    def say(msg: str) -> None:
+        click.echo(f"flashnext: {msg}", err=True)
+
+    try:
+        env_dir = build_vllm_env(checkout.build_env, os.environ, say)
+    except ServeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        say("interrupted: nothing is started; rerun serve, pins/build-env resumes from its cache")
+        raise SystemExit(130) from None
+    return {**env_inputs, "vllm_env": probe_vllm_env(env_dir, "pins/build-env", os.environ, None)}
 
 
 # ---- table commands (owner: table)
@@ -649,14 +809,16 @@ def checkpoint_check(model_dir: str, as_json: bool) -> None:
     failed check.
     """
     from flashnext.checkpoint import check
-    from flashnext.render import emit_json, render_table
+    from flashnext.render import emit_json, render_table, write_fix_lines
 
     report = check(_model_facts_or_exit(model_dir))
     if as_json:
         emit_json(report.to_json())
     else:
-        rows = [(f.status, f.id, f.message, f.fix) for f in report.findings]
-        render_table(f"checkpoint check: {model_dir}", ("status", "check", "finding", "fix"), rows)
+        rows = [(f.status, f.id, f.message) for f in report.findings]
+        render_table(f"checkpoint check: {model_dir}", ("status", "check", "finding"), rows)
+        fixes = [(f.id, f.fix) for f in report.findings if f.status != "ok" and f.fix]
+        write_fix_lines(fixes, _prog())
     if report.failed:
         raise SystemExit(1)
 

@@ -41,7 +41,9 @@ def build_command(
     kv_cache_memory_bytes: int,
     max_model_len: int,
     qsa: HostPools | None,
+    topology_env: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
+    """`topology_env`: variables the GPU topology calls for (plan.nccl_env)."""
     sched = profile.scheduler
     argv = ["vllm", "serve", options.model_dir or "MODEL_DIR"]
     argv += ["--served-model-name", options.served_model_name]
@@ -72,6 +74,7 @@ def build_command(
         argv += ["--generation-config", options.generation_config_dir]
 
     env = dict(profile.env)
+    env.update(topology_env or {})
     if options.pp_layer_partition:
         env["VLLM_PP_LAYER_PARTITION"] = options.pp_layer_partition
     if qsa is not None:

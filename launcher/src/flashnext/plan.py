@@ -137,6 +137,8 @@ class Plan:
     argv: tuple[str, ...]
     env: dict[str, str]
     notes: tuple[str, ...] = field(default=())
+    env_reasons: dict[str, str] = field(default_factory=dict)
+    """Why each variable derived from the facts (not the profile's) is set."""
 
     def to_json(self) -> dict[str, Any]:
         doc = to_jsonable(self)
@@ -204,6 +206,32 @@ def _qsa_workspace_bytes(text: dict[str, Any], profile: Profile) -> int:
         max_num_seqs=profile.scheduler.max_num_seqs,
         chunk_tokens=profile.qsa_offload.chunk_tokens,
     )
+
+
+def nccl_env(facts: HostFacts, profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
+    """(variables, why) for NCCL from the GPU topology in the facts.
+
+    RTX 3090s (GeForce) have no PCIe P2P: NVML reports chipset_not_supported for
+    every pair, and NCCL then moves PP activations through host shared memory.
+    NCCL_P2P_DISABLE=1 says so up front, so NCCL never probes a P2P path NVML says
+    is absent. Nothing is set when every pair has P2P, when the topology is not
+    known, or for a single GPU; a variable the profile sets is left to it.
+    """
+    used = {d.index for d in facts.gpu.devices if profile.gpu.matches(d)}
+    if len(used) < 2 or "NCCL_P2P_DISABLE" in profile.env:
+        return {}, {}
+    absent: dict[tuple[int, int], str] = {}
+    for link in facts.gpu.p2p:
+        if {link.gpu_a, link.gpu_b} <= used and link.status not in ("ok", "unknown"):
+            absent[tuple(sorted((link.gpu_a, link.gpu_b)))] = link.status
+    if not absent:
+        return {}, {}
+    pairs = ", ".join(f"{a}-{b} ({why})" for (a, b), why in sorted(absent.items()))
+    return {"NCCL_P2P_DISABLE": "1"}, {
+        "NCCL_P2P_DISABLE": f"NVML reports no PCIe P2P between GPUs {pairs}: PP activations "
+        "go through host memory (NCCL's shared-memory transport); disabling P2P keeps NCCL "
+        "from probing a path the GPUs do not have"
+    }
 
 
 def pp_buffer_for_rank(rank: int, pp_size: int, profile: Profile) -> int:
@@ -314,7 +342,8 @@ def _plan(
     )
     from flashnext.command import build_command  # command renders a finished plan
 
-    argv, env = build_command(profile, options, kv.value, max_len.value, qsa)
+    topology_env, env_reasons = nccl_env(facts, profile)
+    argv, env = build_command(profile, options, kv.value, max_len.value, qsa, topology_env)
     return Plan(
         profile=profile.name,
         profile_reason=profile_reason,
@@ -332,6 +361,7 @@ def _plan(
         argv=tuple(argv),
         env=env,
         notes=tuple(notes),
+        env_reasons=env_reasons,
     )
 
 

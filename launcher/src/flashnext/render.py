@@ -54,15 +54,30 @@ def emit_json(obj: Any) -> None:
 LEVEL_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
 
 
-def render_findings(findings: Iterable[Any]) -> None:
-    """Preflight findings: one row each; failures and warnings carry their fix."""
+def render_findings(findings: Iterable[Any], prog: str = "flashnext") -> None:
+    """Preflight findings: one row each; then each failure's and warning's fix.
+
+    A fix is printed on a line of its own, never wrapped and never inside the
+    table, so it pastes whatever the width; `prog` names the command as invoked.
+    """
+    findings = list(findings)
     table = Table(title="flashnext preflight", title_justify="left")
-    for col in ("", "check", "measured", "required", "what / fix"):
+    for col in ("", "check", "measured", "required", "what"):
         table.add_column(col, overflow="fold")
     for f in findings:
-        detail = f.message if f.level == "ok" else f"{f.message}\n[bold]fix:[/] {f.fix}"
-        table.add_row(LEVEL_STYLE[f.level], f.id, f.measured, f.required, detail)
+        table.add_row(LEVEL_STYLE[f.level], f.id, f.measured, f.required, f.message)
     console().print(table)
+    write_fix_lines([(f.id, f.fix) for f in findings if f.level != "ok" and f.fix], prog)
+
+
+def write_fix_lines(fixes: Sequence[tuple[str, str]], prog: str = "flashnext") -> None:
+    """`fix ID: TEXT`, one physical line each (plain text: no wrapping, no markup); a
+    line already printed is not repeated."""
+    from flashnext.invocation import name_command
+
+    for line in dict.fromkeys(f"fix {i}: {name_command(fix, prog)}" for i, fix in fixes):
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def render_plan(plan: Any) -> None:
@@ -134,6 +149,8 @@ def render_plan(plan: Any) -> None:
     render_table("memory and speed", ["what", "value", "why"], rows)
     for note in plan.notes:
         console().print(f"note: {note}")
+    for key, why in sorted(plan.env_reasons.items()):
+        console().print(f"note: {key}={plan.env[key]}: {why}", markup=False, highlight=False)
     console().print("[bold]command:[/]")
     # soft_wrap: one physical line, so the command stays pasteable.
     console().print(shell_line(plan.argv, plan.env), markup=False, highlight=False, soft_wrap=True)

@@ -95,10 +95,68 @@ def resolve_executable(argv: list[str], env: Mapping[str, str]) -> str:
     found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if found is None:
         raise ServeError(
-            f"{argv[0]!r} not found on the server's PATH; build the pinned env with "
-            "`pins/build-env` and put ENV/venv/bin first on PATH"
+            f"{argv[0]!r} not found on the server's PATH; pass --vllm-env with the dir "
+            "`pins/build-env` prints"
         )
     return found
+
+
+BUILD_HEARTBEAT_S = 30.0
+
+
+def build_vllm_env(
+    build_env: Path,
+    environ: Mapping[str, str],
+    say: Callable[[str], None],
+    heartbeat_s: float = BUILD_HEARTBEAT_S,
+) -> str:
+    """Run pins/build-env and return the env dir it prints (its last stdout line).
+
+    Says first what a first build costs; pins/build-env's own progress goes to our
+    stderr, and a line every `heartbeat_s` shows it is still working (its pip
+    steps are quiet for minutes). A second run is a cache hit in about a second.
+    """
+    from flashnext.checkout import BUILD_CACHE_TEXT, BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
+
+    cache = environ.get("FLASHNEXT_CACHE") or str(Path.home() / ".cache" / "flashnext")
+    say(
+        f"no vLLM env yet: building the pinned, patched vLLM with {build_env}; the first "
+        f"build downloads {BUILD_DOWNLOAD_TEXT}, {BUILD_INSTALLED_TEXT}: {BUILD_CACHE_TEXT} "
+        f"in {cache} (10-25 minutes on the 2 cores pins/README.md measured; later runs reuse it)"
+    )
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(build_env)],
+        env=dict(environ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=None,  # pins/build-env's progress, as it prints it
+        text=True,
+    )
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(heartbeat_s):
+            say(f"still building the vLLM env ({time.monotonic() - started:.0f} s)")
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    try:
+        out, _ = proc.communicate()
+    except BaseException:
+        proc.terminate()  # Ctrl-C reached it too; it cleans up its half-built dir
+        proc.wait()
+        raise
+    finally:
+        done.set()
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise ServeError(
+            f"{build_env} failed (exit {proc.returncode}); its output is above. Rerun "
+            f"`{build_env}` alone to retry (it resumes from its cache), then serve again"
+        )
+    say(f"vLLM env ready in {time.monotonic() - started:.0f} s: {lines[-1]}")
+    return lines[-1]
 
 
 # ---------------------------------------------------------------- child process
@@ -358,6 +416,7 @@ def supervise(
     model_name: str,
     api_key: str | None,
     startup_timeout_s: float,
+    executable: str | None = None,
     models_url: str | None = None,
     progress_interval_s: float = 10.0,
     poll_interval_s: float = 0.5,
@@ -371,8 +430,10 @@ def supervise(
 ) -> int:
     """Run `argv` with exactly `env`, supervise it until it ends or we are told to stop.
 
-    Returns 0 when a forwarded SIGINT/SIGTERM stopped the server cleanly, 1 on any
-    failure (startup timeout, smoke request failed, child died, health lost).
+    `executable`: the binary to run as argv[0] (the chosen env's `vllm`); default:
+    argv[0] looked up on env's PATH. Returns 0 when a forwarded SIGINT/SIGTERM stopped
+    the server cleanly, 1 on any failure (startup timeout, smoke request failed, child
+    died, health lost).
     """
     out = log_stream or sys.stderr
 
@@ -381,7 +442,7 @@ def supervise(
         out.flush()
 
     try:
-        executable = resolve_executable(argv, env)
+        executable = executable or resolve_executable(argv, env)
         models_url = models_url or models_url_for(completion_url)
     except ServeError as exc:
         say(f"error: {exc}")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 
 from flashnext.facts.gpu import probe_gpus
-from flashnext.facts.host import in_container, probe_memory
+from flashnext.facts.host import in_container, probe_memory, probe_numa
 from flashnext.facts.manifest import probe_manifest
 from flashnext.facts.ports import probe_port
 from flashnext.facts.schema import HostFacts
@@ -41,12 +41,13 @@ def collect_host_facts(
         kernel=os.uname().release,
         in_container=in_container(proc, root),
         memory=probe_memory(proc, root),
-        gpu=probe_gpus(nvml),
+        gpu=probe_gpus(nvml, sys),
         storage={
             role: _probe_role(role, path, proc, sys)
             for role, path in sorted((storage or {}).items())
         },
         ports=tuple(probe_port(host, port) for host, port in ports),
+        numa=probe_numa(proc, sys),
     )
 
 
@@ -71,6 +72,15 @@ def _limit(n: int | None, unknown: bool = False) -> str:
     if unknown:
         return "unknown"
     return "unlimited" if n is None else _size(n)
+
+
+def _numa(facts: HostFacts) -> str:
+    n = facts.numa
+    if not n.nodes:
+        return f"unknown ({n.error})" if n.error else "unknown"
+    nodes = ",".join(map(str, n.nodes))
+    mems = ",".join(map(str, n.mems_allowed)) or "?"
+    return f"{nodes} ({mems})"
 
 
 def _spin(rotational: bool | None) -> str:
@@ -116,6 +126,7 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
         ["/dev/shm total / free", f"{_gib(m.shm_total_bytes)} / {_gib(m.shm_free_bytes)}"],
         ["yama ptrace_scope", "not present" if m.ptrace_scope is None else m.ptrace_scope],
         ["CPUs usable", m.cpu_count],
+        ["NUMA nodes (allocates on)", _numa(facts)],
     ]
     if m.error:
         memory_rows.append(["probe error", m.error])
@@ -139,6 +150,7 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
                     f"Gen{d.pcie_gen_current or '?'} x{d.pcie_width_current or '?'} "
                     f"(max Gen{d.pcie_gen_max or '?'} x{d.pcie_width_max or '?'})",
                     {True: "on", False: "off", None: "-"}[d.persistence_mode],
+                    "-" if d.numa_node is None else d.numa_node,
                     procs or "none",
                 ]
             )
@@ -151,7 +163,7 @@ def host_facts_tables(facts: HostFacts) -> list[tuple[str, list[str], list[list[
         tables.append(
             (
                 title,
-                ["#", "name", "free / total", "cc", "PCIe now (max)", "persist", "procs"],
+                ["#", "name", "free / total", "cc", "PCIe now (max)", "persist", "NUMA", "procs"],
                 rows,
             )
         )

@@ -12,6 +12,7 @@ support is None.
 from __future__ import annotations
 
 import contextlib
+import os
 from types import ModuleType
 from typing import Any
 
@@ -103,7 +104,30 @@ def _processes(nvml: ModuleType, handle: Any, notes: list[str]) -> tuple[GpuProc
     return tuple(by_pid[pid] for pid in sorted(by_pid))
 
 
-def _device(nvml: ModuleType, index: int, handle: Any, notes: list[str]) -> GpuDevice:
+def sysfs_bus_id(nvml_bus_id: str) -> str | None:
+    """NVML's "00000000:01:00.0" (8-digit domain) -> sysfs's "0000:01:00.0"."""
+    domain, sep, rest = nvml_bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}" if sep and rest else None
+    except ValueError:
+        return None
+
+
+def numa_node_of(bus_id: str | None, sys: str = "/sys") -> int | None:
+    """sysfs numa_node of a PCI device; None for -1 (no NUMA affinity) or unreadable."""
+    if bus_id is None:
+        return None
+    try:
+        with open(os.path.join(sys, "bus", "pci", "devices", bus_id, "numa_node")) as fh:
+            node = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _device(
+    nvml: ModuleType, index: int, handle: Any, notes: list[str], sys: str = "/sys"
+) -> GpuDevice:
     """Read one GPU; the required fields raise NVMLError, the optional ones become None."""
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -112,6 +136,10 @@ def _device(nvml: ModuleType, index: int, handle: Any, notes: list[str]) -> GpuD
     def pcie(fn: str) -> int | None:
         value = _optional(nvml, fn, handle)
         return None if value is None else int(value)
+
+    pci = _optional(nvml, "nvmlDeviceGetPciInfo", handle)
+    raw_bus_id = getattr(pci, "busId", None) if pci is not None else None
+    bus_id = sysfs_bus_id(_text(raw_bus_id)) if raw_bus_id else None
 
     return GpuDevice(
         index=index,
@@ -128,6 +156,8 @@ def _device(nvml: ModuleType, index: int, handle: Any, notes: list[str]) -> GpuD
         pcie_width_max=pcie("nvmlDeviceGetMaxPcieLinkWidth"),
         persistence_mode=None if persistence is None else persistence == 1,
         processes=_processes(nvml, handle, notes),
+        pci_bus_id=bus_id,
+        numa_node=numa_node_of(bus_id, sys),
     )
 
 
@@ -155,8 +185,9 @@ def _import_pynvml() -> ModuleType | str:
     return pynvml
 
 
-def probe_gpus(nvml: ModuleType | None = None) -> GpuFacts:
-    """GPU facts through NVML; `nvml` defaults to the real pynvml module. Never raises."""
+def probe_gpus(nvml: ModuleType | None = None, sys: str = "/sys") -> GpuFacts:
+    """GPU facts through NVML (and each GPU's NUMA node from sysfs under `sys`);
+    `nvml` defaults to the real pynvml module. Never raises."""
     if nvml is None:
         loaded = _import_pynvml()
         if isinstance(loaded, str):
@@ -171,7 +202,7 @@ def probe_gpus(nvml: ModuleType | None = None) -> GpuFacts:
     except Exception as exc:  # a broken install must not crash `flashnext facts`
         return GpuFacts(nvml_available=False, error=f"NVML init failed: {exc!r}")
     try:
-        return _probe_initialised(nvml)
+        return _probe_initialised(nvml, sys)
     except Exception as exc:
         return GpuFacts(nvml_available=True, error=f"NVML query failed: {exc!r}")
     finally:
@@ -179,7 +210,7 @@ def probe_gpus(nvml: ModuleType | None = None) -> GpuFacts:
             nvml.nvmlShutdown()
 
 
-def _probe_initialised(nvml: ModuleType) -> GpuFacts:
+def _probe_initialised(nvml: ModuleType, sys: str = "/sys") -> GpuFacts:
     errors = []
     driver = _optional(nvml, "nvmlSystemGetDriverVersion")
     cuda = _optional(nvml, "nvmlSystemGetCudaDriverVersion")
@@ -198,7 +229,7 @@ def _probe_initialised(nvml: ModuleType) -> GpuFacts:
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             notes: list[str] = []
-            devices.append(_device(nvml, index, handle, notes))
+            devices.append(_device(nvml, index, handle, notes, sys))
             errors.extend(f"GPU {index}: {note}" for note in notes)
             handles[index] = handle
         except nvml.NVMLError as exc:

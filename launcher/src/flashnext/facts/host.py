@@ -13,7 +13,7 @@ import os
 import resource
 from collections.abc import Callable
 
-from flashnext.facts.schema import MemoryFacts
+from flashnext.facts.schema import MemoryFacts, NumaFacts
 from flashnext.facts.storage import Mount, parse_mountinfo
 
 # memory.limit_in_bytes (v1) reads as PAGE_COUNTER_MAX pages when unset
@@ -239,3 +239,35 @@ def in_container(proc: str = "/proc", root: str = "/") -> bool:
     except OSError:
         return False
     return any(marker in text for marker in _CONTAINER_CGROUP_MARKERS)
+
+
+# ---------------------------------------------------------------- NUMA
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """The kernel's list format, "0-2,5" -> (0, 1, 2, 5)."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
+
+
+def probe_numa(proc: str = "/proc", sys: str = "/sys") -> NumaFacts:
+    """Online NUMA nodes, and the nodes this process may allocate from. Never raises."""
+    errors = []
+    nodes: tuple[int, ...] = ()
+    mems: tuple[int, ...] = ()
+    try:
+        nodes = parse_cpulist(_read_text(os.path.join(sys, "devices", "system", "node", "online")))
+    except (OSError, ValueError) as exc:
+        errors.append(f"node/online: {exc}")
+    try:
+        for line in _read_text(os.path.join(proc, "self", "status")).splitlines():
+            if line.startswith("Mems_allowed_list:"):
+                mems = parse_cpulist(line.split(":", 1)[1])
+    except (OSError, ValueError) as exc:
+        errors.append(f"status: {exc}")
+    return NumaFacts(nodes=nodes, mems_allowed=mems, error="; ".join(errors) or None)

@@ -65,6 +65,11 @@ DTYPE_BITS: dict[str, int] = {
 class ModelFactsError(ValueError):
     """A model directory this launcher cannot read; the message names the file and the fix."""
 
+    def __init__(self, message: str, missing_dir: bool = False) -> None:
+        super().__init__(message)
+        self.missing_dir = missing_dir
+        """The directory itself does not exist (a wrong path, or not downloaded yet)."""
+
 
 # ---------------------------------------------------------------- safetensors headers
 
@@ -364,6 +369,8 @@ def read_model_facts(model_dir: str | os.PathLike[str]) -> ModelFacts:
 
 
 def _read_model_facts(root: Path) -> ModelFacts:
+    if not root.exists():
+        raise ModelFactsError(f"{root}: no such directory", missing_dir=True)
     if not root.is_dir():
         raise ModelFactsError(
             f"{root}: not a directory; pass the checkpoint directory (holding config.json)"

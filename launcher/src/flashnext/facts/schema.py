@@ -80,6 +80,11 @@ class GpuDevice:
     persistence_mode: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
     """Compute and graphics processes NVML reports on this GPU."""
+    pci_bus_id: str | None = None
+    """PCI address as sysfs names it, "0000:01:00.0" (from NVML's busId)."""
+    numa_node: int | None = None
+    """NUMA node of the GPU's PCIe root (sysfs numa_node); None when the platform
+    gives none (-1: one node, as on single-socket boards) or it was not read."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,42 @@ class PortFacts:
 
 
 @dataclass(frozen=True)
+class NumaFacts:
+    nodes: tuple[int, ...] = ()
+    """Online NUMA nodes (/sys/devices/system/node/online); empty: not known."""
+    mems_allowed: tuple[int, ...] = ()
+    """Nodes this process may allocate from (/proc/self/status Mems_allowed_list), and
+    so vLLM's pinned K/V pools; empty: not known."""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class VllmEnvFacts:
+    """The vLLM that `serve` would start (facts/vllm_env.py). Always probed on this
+    machine, also when host facts are replayed: serve execs it here."""
+
+    selected_by: str
+    """How it was chosen: "--vllm-env", "FLASHNEXT_VLLM_ENV", "PATH", "pins/build-env"
+    (the checkout's pinned env, already built) or "none"."""
+    env_dir: str | None = None
+    """The env directory given or found (pins/build-env's ENV); None for PATH."""
+    executable: str | None = None
+    """The `vllm` executable serve runs."""
+    python: str | None = None
+    """The Python that runs it (ENV/venv/bin/python, or the script's interpreter)."""
+    package_dir: str | None = None
+    """Where that Python imports `vllm` from (PYTHONPATH honoured)."""
+    version: str | None = None
+    """`vllm.__version__` as that Python imports it."""
+    stamp: dict[str, Any] | None = None
+    """PACKAGE_DIR/_flashnext_patches.json (written by patches/apply); None: stock."""
+    stamp_error: str | None = None
+    """Why the stamp exists but could not be read."""
+    error: str | None = None
+    """Why the env could not be asked at all (no python, `import vllm` failed, ...)."""
+
+
+@dataclass(frozen=True)
 class HostFacts:
     schema_version: int = SCHEMA_VERSION
     collected_at: str = ""
@@ -187,6 +228,8 @@ class HostFacts:
     storage: dict[str, StorageFacts] = field(default_factory=dict)
     """Keyed by role: "table" (the PLE flat file), "model" (the checkpoint dir)."""
     ports: tuple[PortFacts, ...] = ()
+    numa: NumaFacts = field(default_factory=NumaFacts)
+    """Empty in facts recorded before NUMA was probed."""
 
 
 # ---------------------------------------------------------------- JSON form

@@ -4,8 +4,8 @@ A profile says what hardware it is for (matched against HostFacts) and the
 serving settings that were measured to work on it. Loading validates every
 field so a typo in a TOML is an error here, not a surprise in vLLM.
 
-Sections [table] and [vllm] are optional: a profile without them gets the
-defaults below (the 3x3090 profile has neither).
+Sections [table], [vllm] and [checkpoint] and the key `auto_select` are
+optional: a profile without them gets the defaults below.
 """
 
 from __future__ import annotations
@@ -106,6 +106,17 @@ class VllmSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    hub_repo: str | None = None
+    """The Hugging Face repository of the checkpoint the profile serves, for the
+    download command preflight suggests; None: not published."""
+    skeleton: str | None = None
+    """The `flashnext skeleton` variant with its exact tensor inventory: without a
+    readable --model, preflight sizes host RAM and memlock from it. None: no such
+    inventory (host memory then needs --model)."""
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -119,6 +130,10 @@ class Profile:
     env: dict[str, str]
     table: TableSpec = field(default_factory=TableSpec)
     vllm: VllmSpec = field(default_factory=VllmSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    auto_select: bool = True
+    """Whether a host with this profile's GPUs gets it without --profile. Test
+    profiles set it false: they are chosen by name only."""
 
     def matches(self, facts: HostFacts) -> bool:
         """The host has exactly the profile's GPUs (count and model)."""
@@ -158,7 +173,7 @@ def parse_profile(text: str, source: str) -> Profile:
         built = {k: _section(cls, doc[k], f"{source} [{k}]") for k, cls in sections.items()}
     except KeyError as exc:
         raise ProfileError(f"{source}: missing section [{exc.args[0]}]") from exc
-    optional = {"table": TableSpec, "vllm": VllmSpec}
+    optional = {"table": TableSpec, "vllm": VllmSpec, "checkpoint": CheckpointSpec}
     for key, cls in optional.items():
         if key in doc:
             if not isinstance(doc[key], dict):
@@ -168,6 +183,7 @@ def parse_profile(text: str, source: str) -> Profile:
         name=doc["name"],
         description=doc.get("description", ""),
         default=bool(doc.get("default", False)),
+        auto_select=doc.get("auto_select", True),
         env={str(k): str(v) for k, v in doc.get("env", {}).items()},
         **built,
     )
@@ -177,6 +193,10 @@ def parse_profile(text: str, source: str) -> Profile:
         raise ProfileError(f"{source}: table.medium_check must be 'fail' or 'warn'")
     if not isinstance(profile.vllm.additional_config, dict):
         raise ProfileError(f"{source}: vllm.additional_config must be a table")
+    if not isinstance(profile.auto_select, bool):
+        raise ProfileError(f"{source}: auto_select must be true or false")
+    if profile.checkpoint.skeleton not in (None, "full", "tiny"):
+        raise ProfileError(f"{source}: checkpoint.skeleton must be 'full' or 'tiny'")
     return profile
 
 
@@ -194,8 +214,10 @@ def select_profile(facts: HostFacts, requested: str | None) -> tuple[Profile, st
     """The profile to plan for, and why it was chosen.
 
     An explicit name wins (an unknown name is an error). Otherwise the first
-    profile whose GPUs match the host; with no match (or no GPUs, as when
-    planning on a laptop) the default profile, saying so.
+    profile whose GPUs match the host, among those that may be picked
+    automatically (`auto_select`; test profiles are chosen by name only); with
+    no match (or no GPUs, as when planning on a laptop) the default profile,
+    saying so.
     """
     profiles = available_profiles()
     if requested is not None:
@@ -204,7 +226,7 @@ def select_profile(facts: HostFacts, requested: str | None) -> tuple[Profile, st
             raise ProfileError(f"unknown profile {requested!r}; available: {names}")
         return profiles[requested], "chosen with --profile"
     for profile in sorted(profiles.values(), key=lambda p: p.name):
-        if profile.matches(facts):
+        if profile.auto_select and profile.matches(facts):
             return profile, "matches the GPUs in the facts"
     default = next(p for p in profiles.values() if p.default)
     seen = len(facts.gpu.devices)

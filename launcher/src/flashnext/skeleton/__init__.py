@@ -8,10 +8,12 @@ real bytes, which vLLM 0.33.0's config path accepts (for patch proofs).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from flashnext.facts.schema import ModelFacts, TensorInfo
 from flashnext.skeleton.configs import (
     QSA_OFF,
     full_config,
@@ -26,6 +28,7 @@ from flashnext.skeleton.writer import SkeletonError, write_checkpoint_dir
 
 __all__ = [
     "QSA_OFF",
+    "reference_model_facts",
     "Entry",
     "Inventory",
     "SkeletonError",
@@ -116,4 +119,28 @@ def write_skeleton(
         tensors=sum(len(p.entries) for p in plans),
         data_bytes=sum(p.data_bytes for p in plans),
         header_bytes=sum(len(p.header) for p in plans),
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def reference_model_facts(variant: Variant) -> ModelFacts:
+    """The variant's checkpoint as facts, without files: its config and the exact tensor
+    inventory (what `read_model_facts` reads from a written skeleton, shards aside).
+    Preflight sizes host memory from it when no checkpoint could be read."""
+    from flashnext.facts.model import tensor_nbytes
+
+    config = skeleton_config(variant, fixed_metadata=True)
+    inventory = build_inventory(config)
+    tensors = tuple(
+        TensorInfo(e.name, e.dtype, e.shape, tensor_nbytes(e.dtype, e.shape), "")
+        for e in inventory.entries
+    )
+    return ModelFacts(
+        path=f"<the {variant} skeleton's inventory>",
+        config=config,
+        quantization_config=config.get("quantization_config"),
+        generation_config=generation_config(config["text_config"], fixed_metadata=True),
+        index_files=(),
+        shards=(),
+        tensors=tensors,
     )
