@@ -78,7 +78,9 @@ def parsed(skeleton):
     )
     assert result.exit_code == 0, result.output
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
-    assert argv[:2] == ["vllm", "serve"]
+    # `vllm` from PATH, or the full path of the env serve found (the pinned
+    # env pins/build-env built, --vllm-env): either way vLLM's own CLI.
+    assert Path(argv[0]).name == "vllm" and argv[1] == "serve"
     return env, ask_vllm("parse", argv[2:])
 
 
