@@ -26,7 +26,6 @@ from typing import Any
 
 TOP_K = 5
 MAX_NEW_TOKENS = 16
-TIMED_PROMPT_TOKENS = 3000
 TIMED_NEW_TOKENS = 128
 
 
