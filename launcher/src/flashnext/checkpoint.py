@@ -27,15 +27,16 @@ import math
 import re
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flashnext.atomic import write_text_atomic
+from flashnext.checks.finding import Finding, Level
 from flashnext.facts.model import CONFIG_FILE, GENERATION_CONFIG_FILE
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
-from flashnext.facts.schema import ModelFacts
+from flashnext.facts.schema import ModelFacts, TensorInfo
 
 # Checkpoint-name prefix → vLLM 0.33.0 runtime prefix (Qwen3VLForConditionalGeneration's
 # hf_to_vllm_mapper, which Qwen4ExpForConditionalGeneration inherits). vLLM maps plain
@@ -132,29 +133,14 @@ def declares(declared: Scheme | None, module: StoredModule) -> bool:
     return declared == module.scheme
 
 
-def _shard_locations(model_dir: Path, files: Iterable[str]) -> dict[str, tuple[Path, int, int]]:
-    """name -> (file, absolute offset, length) of every tensor, from the shard headers.
-
-    facts/model.py has already validated these headers; this reads only the offsets,
-    which ModelFacts does not keep.
-    """
-    where: dict[str, tuple[Path, int, int]] = {}
-    for file in files:
-        path = model_dir / file
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                start, end = info["data_offsets"]
-                where[name] = (path, 8 + n + start, end - start)
-    return where
-
-
-def _read_i64_pair(loc: tuple[Path, int, int], handles: dict[Path, Any]) -> tuple[int, int] | None:
-    path, offset, length = loc
-    if length != 16:
+def _read_i64_pair(
+    model_dir: Path, tensor: TensorInfo, handles: dict[Path, Any]
+) -> tuple[int, int] | None:
+    """The two int64s a 16-byte tensor stores, at the offset its header gave (TensorInfo);
+    None for another size, or for an inventory not read from files."""
+    if tensor.nbytes != 16 or tensor.offset_bytes < 0:
         return None
+    path, offset = model_dir / tensor.file, tensor.offset_bytes
     fh = handles.get(path)
     if fh is None:
         fh = handles[path] = open(path, "rb")  # noqa: SIM115 (closed by the caller)
@@ -171,14 +157,13 @@ def stored_modules(model: ModelFacts) -> tuple[list[StoredModule], list[str]]:
     packed_modules = sorted(
         n[: -len(".weight_packed")] for n in tensors if n.endswith(".weight_packed")
     )
-    locations = _shard_locations(Path(model.path), model.index_files) if packed_modules else {}
     handles: dict[Path, Any] = {}
     try:
         for name in packed_modules:
             packed = tensors[f"{name}.weight_packed"]
             scale = tensors.get(f"{name}.weight_scale")
-            shape_t = f"{name}.weight_shape"
-            pair = _read_i64_pair(locations[shape_t], handles) if shape_t in locations else None
+            shape_t = tensors.get(f"{name}.weight_shape")
+            pair = _read_i64_pair(Path(model.path), shape_t, handles) if shape_t else None
             if scale is None:
                 problems.append(f"{name}: weight_packed without weight_scale")
                 continue
@@ -296,13 +281,8 @@ class SchemeMap:
 # ---------------------------------------------------------------- findings
 
 
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    status: str
-    """"ok", "warn" or "fail"."""
-    message: str
-    fix: str = ""
+def _finding(id: str, status: Level, message: str, fix: str = "") -> Finding:
+    return Finding(id, status, message=message, fix=fix)
 
 
 @dataclass
@@ -313,14 +293,18 @@ class CheckReport:
 
     @property
     def failed(self) -> bool:
-        return any(f.status == "fail" for f in self.findings)
+        return any(f.level == "fail" for f in self.findings)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model_dir": self.model_dir,
             "modules_checked": self.modules_checked,
             "ok": not self.failed,
-            "findings": [f.__dict__ for f in self.findings],
+            # The keys `checkpoint check --json` has always had (status = level).
+            "findings": [
+                {"id": f.id, "status": f.level, "message": f.message, "fix": f.fix}
+                for f in self.findings
+            ],
         }
 
 
@@ -340,11 +324,11 @@ def check_quantization(
     qcfg = model.quantization_config
     if not qcfg:
         report.findings.append(
-            Finding("quantization", "ok", "no quantization_config: nothing to resolve")
+            _finding("quantization", "ok", "no quantization_config: nothing to resolve")
         )
         return []
     if qcfg.get("quant_method") != "compressed-tensors":
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "quantization", "warn",
             f"quant_method {qcfg.get('quant_method')!r}: only compressed-tensors is checked",
         ))  # fmt: skip
@@ -353,14 +337,14 @@ def check_quantization(
     modules, problems = stored if stored is not None else stored_modules(model)
     report.modules_checked = len(modules)
     for p in problems[:20]:
-        report.findings.append(Finding("stored-scheme", "fail", p, "re-download the shard"))
+        report.findings.append(_finding("stored-scheme", "fail", p, "re-download the shard"))
     smap = SchemeMap.from_config(qcfg)
     schemes = _group_schemes(qcfg)
 
     for target, groups in smap.duplicates.items():
         winner = groups[-1]
         label = schemes[winner].label() if schemes.get(winner) else winner
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "duplicate-targets", "fail",
             f"target {target!r} is listed by {len(groups)} groups ({', '.join(groups)}); vLLM keys "
             f"its scheme map by target, so only {winner} ({label}) survives",
@@ -371,7 +355,7 @@ def check_quantization(
         m.scheme for m in modules if m.scheme and not any(declares(s, m) for s in schemes.values())
     )
     for scheme, n in sorted(undeclared.items(), key=lambda kv: kv[0].label()):
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "no-group-for-scheme", "fail",
             f"{n} modules store {scheme.label()} but no config group declares it",
             "re-export the quantization_config; a group cannot be invented safely",
@@ -406,7 +390,7 @@ def check_quantization(
     for (stored, got), n in sorted(by_scheme.items()):
         kinds = sorted({k for (k, s, g, r) in wrong if s == stored and g == got and not r})
         first = example[next(k for k in wrong if k[1] == stored and k[2] == got and not k[3])]
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "wrong-scheme", "fail",
             f"{n} modules store {stored} but vLLM would load them as {got}: "
             f"{len(kinds)} kind(s), e.g. {first}",
@@ -416,7 +400,7 @@ def check_quantization(
         k: n for k, n in wrong.items() if k[3] and (k[0], k[1], k[2], False) not in wrong
     }
     for (kind, stored, got, _), n in sorted(runtime_only.items()):
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "wrong-scheme-runtime-name", "fail",
             f"{n} modules of kind {kind} resolve correctly under checkpoint names but as {got} "
             f"under vLLM's names (e.g. {example[(kind, stored, got, True)]}); `re:` targets are "
@@ -424,14 +408,14 @@ def check_quantization(
             fix_cmd,
         ))  # fmt: skip
     for (kind, groups), n in sorted(multi.items()):
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "multi-match", "fail",
             f"{n} modules of kind {kind} are matched by targets of {', '.join(groups)}; vLLM "
             "takes the first in map order",
             fix_cmd,
         ))  # fmt: skip
     for group in sorted(set(schemes) - resolved_groups):
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "unmatched-group", "fail" if smap.duplicates else "warn",
             f"config group {group} ({schemes[group].label() if schemes[group] else '?'}) "
             "resolves for no module",
@@ -439,14 +423,14 @@ def check_quantization(
         ))  # fmt: skip
     for ple in ple_table_modules(model):
         if not smap.ignored(ple, False) or not smap.ignored(vllm_name(ple), True):
-            report.findings.append(Finding(
+            report.findings.append(_finding(
                 "ple-not-ignored", "warn",
                 f"the PLE table {ple} is not in quantization_config.ignore; it is BF16, and a "
                 "broad target would make vLLM look for a scheme there",
                 fix_cmd,
             ))  # fmt: skip
     if not any(f.status == "fail" for f in report.findings if f.id != "generation-config"):
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "quantization", "ok",
             f"every one of {len(modules)} modules resolves to the scheme its tensors store",
         ))  # fmt: skip
@@ -459,7 +443,7 @@ def check_generation_config(model: ModelFacts, report: CheckReport) -> None:
         "(or --sampling temperature=... top_p=... top_k=... from the model card)"
     )
     if model.generation_config is None:
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "generation-config", "warn",
             f"no {GENERATION_CONFIG_FILE}: vLLM samples with temperature 1, top_p 1, top_k 0",
             fix,
@@ -467,7 +451,7 @@ def check_generation_config(model: ModelFacts, report: CheckReport) -> None:
         return
     present = sampling_keys_present(model.generation_config)
     if not present:
-        report.findings.append(Finding(
+        report.findings.append(_finding(
             "generation-config", "fail",
             f"{GENERATION_CONFIG_FILE} sets none of {', '.join(VLLM_SAMPLING_KEYS)}; vLLM then "
             "samples the whole vocabulary at temperature 1 (long Japanese output collapses)",
@@ -475,7 +459,7 @@ def check_generation_config(model: ModelFacts, report: CheckReport) -> None:
         ))  # fmt: skip
     else:
         report.findings.append(
-            Finding("generation-config", "ok", f"sampling keys present: {', '.join(present)}")
+            _finding("generation-config", "ok", f"sampling keys present: {', '.join(present)}")
         )
 
 

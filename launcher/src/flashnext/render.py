@@ -10,29 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from flashnext.facts.schema import SCHEMA_VERSION, dumps
-
-GIB = 1 << 30
+from flashnext.units import GIB, gib, size  # noqa: F401 (size: checks/table imports it here)
 
 
 def console(stderr: bool = False) -> Console:
     # soft_wrap keeps long fix commands pasteable; width fallback for pipes and CI logs.
     return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
-
-
-def gib(n: int | None) -> str:
-    """Bytes → "21.71 GiB"; None → "-"."""
-    return "-" if n is None else f"{n / GIB:.2f} GiB"
-
-
-def size(n: int | None) -> str:
-    """Bytes in the unit that keeps small limits readable: "64 KiB", "8 MiB", "3.96 GiB"."""
-    if n is None:
-        return "-"
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            value = n / (1 << shift)
-            return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.0f} {unit}"
-    return f"{n} B"
 
 
 def render_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

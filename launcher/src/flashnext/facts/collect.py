@@ -19,7 +19,7 @@ from flashnext.facts.manifest import probe_manifest
 from flashnext.facts.ports import probe_port
 from flashnext.facts.schema import HostFacts
 from flashnext.facts.storage import probe_storage
-from flashnext.render import gib as _gib
+from flashnext.units import gib as _gib
 
 
 def collect_host_facts(

@@ -2,11 +2,8 @@
 
 What is read: config.json (with its quantization_config), generation_config.json
 (optional), model.safetensors.index.json or a single model.safetensors, and the
-header of every shard. A safetensors file is an 8-byte little-endian header
-length N, N bytes of JSON, then the data region; each tensor's `data_offsets`
-are relative to the start of that region. The header reader below is our own
-and as strict as the `safetensors` library that vLLM loads with: a file that
-library would refuse is refused here, with the file named and the fix said.
+header of every shard, through the one header reader (facts/safetensors.py),
+as strict as the `safetensors` library that vLLM loads with.
 
 Judging the model (arch is qwen4_exp, metadata defects, sizes) is not done
 here: that is preflight's job over the facts this returns.
@@ -18,231 +15,21 @@ import gc
 import json
 import os
 import re
-import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from flashnext.facts.schema import ModelFacts, ShardInfo, TensorInfo
+from flashnext.facts.safetensors import read_safetensors_header, tensor_nbytes
+from flashnext.facts.schema import ModelFacts, ModelFactsError, ShardInfo, TensorInfo
+
+# Names other code imports from here (checks/gpu/tiny_model.py: tensor_nbytes).
+__all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-
-# The `safetensors` library refuses headers above 100 MB (MAX_HEADER_SIZE);
-# so do we, before allocating anything of that size.
-MAX_HEADER_BYTES = 100_000_000
-
-# Bits per element of every dtype tag the safetensors format defines (0.8.0).
-# Sub-byte types (F4, F6_*) pack elements; a tensor's byte size must be whole.
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-}
-
-
-class ModelFactsError(ValueError):
-    """A model directory this launcher cannot read; the message names the file and the fix."""
-
-    def __init__(self, message: str, missing_dir: bool = False) -> None:
-        super().__init__(message)
-        self.missing_dir = missing_dir
-        """The directory itself does not exist (a wrong path, or not downloaded yet)."""
-
-
-# ---------------------------------------------------------------- safetensors headers
-
-
-def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
-    """Bytes a tensor of this dtype and shape occupies in a safetensors data region."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    bits = DTYPE_BITS[dtype] * count
-    if bits % 8:
-        raise ValueError(f"{count} elements of {dtype} are not a whole number of bytes")
-    return bits // 8
-
-
-def read_safetensors_header(path: Path) -> tuple[int, int, list[TensorInfo]]:
-    """Parse and validate one shard's header: (file size, header length, tensors).
-
-    Tensors come back in header order; `TensorInfo.file` is the file's name.
-    """
-    where = str(path)
-    fix = "re-download this shard (a partial or corrupt download is the usual cause)"
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise ModelFactsError(
-                    f"{where}: truncated: {size} bytes, too short for the 8-byte header "
-                    f"length; {fix}"
-                )
-            (length,) = struct.unpack("<Q", prefix)
-            if length == 0 or length > MAX_HEADER_BYTES:
-                raise ModelFactsError(
-                    f"{where}: header length {length} is not a plausible safetensors header "
-                    f"(1..{MAX_HEADER_BYTES} bytes); not a safetensors file or corrupt; {fix}"
-                )
-            if 8 + length > size:
-                raise ModelFactsError(
-                    f"{where}: truncated: header says {length} bytes of JSON but the file has "
-                    f"{size - 8} after the length prefix; {fix}"
-                )
-            raw = fh.read(length)
-    except OSError as exc:
-        raise ModelFactsError(
-            f"{where}: cannot read ({exc.strerror}); check the path and its permissions"
-        ) from exc
-    try:
-        floats: list[str] = []  # float literals seen (parse_float keeps the C scanner)
-        header = json.loads(raw, parse_float=lambda text: floats.append(text) or float(text))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFactsError(f"{where}: header is not valid JSON ({exc}); {fix}") from exc
-    if not isinstance(header, dict):
-        raise ModelFactsError(f"{where}: header is JSON but not an object; {fix}")
-
-    data_bytes = size - 8 - length
-    meta = header.pop("__metadata__", None)
-    if meta is not None and (
-        not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())
-    ):
-        raise ModelFactsError(f"{where}: __metadata__ must map strings to strings; {fix}")
-
-    # Hot loop (a full checkpoint has ~225k tensors but a few dozen distinct
-    # (dtype, shape) pairs). When the JSON holds no float, bool or null, every
-    # number is an int, so a pair validated once stays valid and a tensor costs
-    # a dict lookup and one offsets check (a name containing "true" only costs
-    # the slow path). Anything else goes through `_tensor_entry`, which checks
-    # every field and says what is wrong.
-    name = path.name
-    fast = not floats and b"true" not in raw and b"false" not in raw and b"null" not in raw
-    known: dict[tuple[Any, tuple[Any, ...]], int] = {}
-    tensors: list[TensorInfo] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    for key, entry in header.items():
-        info = None
-        if fast:
-            try:
-                dtype = entry["dtype"]
-                shape = tuple(entry["shape"])
-                start, end = entry["data_offsets"]
-                nbytes = known[(dtype, shape)]
-                if start >= 0 and end - start == nbytes:
-                    info = TensorInfo(key, dtype, shape, nbytes, name)
-            except (TypeError, KeyError, ValueError):
-                pass
-        if info is None:
-            info = _tensor_entry(where, name, key, entry, fix)  # raises when invalid
-            known[(info.dtype, info.shape)] = info.nbytes
-            start, end = entry["data_offsets"]
-        if end > data_bytes:
-            raise ModelFactsError(
-                f"{where}: tensor {key!r} ends at byte {end} of the data region, which holds "
-                f"only {data_bytes} bytes: the file is truncated; {fix}"
-            )
-        starts.append(start)
-        ends.append(end)
-        tensors.append(info)
-
-    _check_tiling(where, fix, tensors, starts, ends, data_bytes)
-    return size, length, tensors
-
-
-def _check_tiling(
-    where: str,
-    fix: str,
-    tensors: list[TensorInfo],
-    starts: list[int],
-    ends: list[int],
-    data_bytes: int,
-) -> None:
-    """The safetensors library requires the tensors to tile the data region exactly:
-    sorted by offset, each starts where the previous one ended, the last ends at
-    the end of the file."""
-    order = sorted(range(len(starts)), key=starts.__getitem__)
-    if len(order) > 1:
-        s, e = list(itemgetter(*order)(starts)), list(itemgetter(*order)(ends))
-    else:
-        s, e = [starts[i] for i in order], [ends[i] for i in order]
-    if s[:1] == [0] * min(1, len(s)) and s[1:] == e[:-1] and (e[-1] if e else 0) == data_bytes:
-        return
-    cursor = 0
-    for i in order:
-        key, start, end = tensors[i].name, starts[i], ends[i]
-        if start < cursor:
-            raise ModelFactsError(
-                f"{where}: tensor {key!r} at data offsets [{start}, {end}) overlaps the previous "
-                f"tensor (which ends at {cursor}); {fix}"
-            )
-        if start > cursor:
-            raise ModelFactsError(
-                f"{where}: {start - cursor} unused bytes before tensor {key!r} at offset {start}; "
-                f"the safetensors library refuses holes in the data region; {fix}"
-            )
-        cursor = end
-    raise ModelFactsError(
-        f"{where}: tensors cover {cursor} bytes but the data region holds {data_bytes}: "
-        f"{'trailing bytes' if cursor < data_bytes else 'truncated'}; {fix}"
-    )
-
-
-def _tensor_entry(where: str, file: str, key: str, entry: Any, fix: str) -> TensorInfo:
-    if not isinstance(entry, dict):
-        raise ModelFactsError(f"{where}: entry for tensor {key!r} is not an object; {fix}")
-    dtype = entry.get("dtype")
-    shape = entry.get("shape")
-    offsets = entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
-        raise ModelFactsError(
-            f"{where}: tensor {key!r} has unknown dtype {dtype!r} "
-            f"(known: {', '.join(sorted(DTYPE_BITS))}); {fix}"
-        )
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise ModelFactsError(f"{where}: tensor {key!r} has an invalid shape {shape!r}; {fix}")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(type(o) is int and o >= 0 for o in offsets)
-        or offsets[0] > offsets[1]
-    ):
-        raise ModelFactsError(
-            f"{where}: tensor {key!r} has invalid data_offsets {offsets!r}; {fix}"
-        )
-    try:
-        nbytes = tensor_nbytes(dtype, shape)
-    except ValueError as exc:
-        raise ModelFactsError(f"{where}: tensor {key!r}: {exc}; {fix}") from exc
-    if offsets[1] - offsets[0] != nbytes:
-        raise ModelFactsError(
-            f"{where}: tensor {key!r} is {dtype} {shape} = {nbytes} bytes but its data_offsets "
-            f"{offsets} span {offsets[1] - offsets[0]}; {fix}"
-        )
-    return TensorInfo(name=key, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=file)
 
 
 # ---------------------------------------------------------------- the model directory

@@ -25,6 +25,15 @@ class FactsSchemaError(ValueError):
     """A facts document that this launcher cannot read."""
 
 
+class ModelFactsError(ValueError):
+    """A model directory this launcher cannot read; the message names the file and the fix."""
+
+    def __init__(self, message: str, missing_dir: bool = False) -> None:
+        super().__init__(message)
+        self.missing_dir = missing_dir
+        """The directory itself does not exist (a wrong path, or not downloaded yet)."""
+
+
 @dataclass(frozen=True)
 class MemoryFacts:
     mem_total_bytes: int | None = None
@@ -328,6 +337,9 @@ class TensorInfo:
     nbytes: int
     file: str
     """Shard file name (relative to the model dir)."""
+    offset_bytes: int = -1
+    """Absolute offset of the tensor's first byte in `file` (8 + header length +
+    data_offsets[0]); -1 for inventories that were not read from files."""
 
 
 @dataclass(frozen=True)

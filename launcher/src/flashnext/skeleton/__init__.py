@@ -127,7 +127,7 @@ def reference_model_facts(variant: Variant) -> ModelFacts:
     """The variant's checkpoint as facts, without files: its config and the exact tensor
     inventory (what `read_model_facts` reads from a written skeleton, shards aside).
     Preflight sizes host memory from it when no checkpoint could be read."""
-    from flashnext.facts.model import tensor_nbytes
+    from flashnext.facts.safetensors import tensor_nbytes
 
     config = skeleton_config(variant, fixed_metadata=True)
     inventory = build_inventory(config)

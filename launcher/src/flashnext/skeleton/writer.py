@@ -21,12 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashnext.facts.model import (
-    CONFIG_FILE,
-    GENERATION_CONFIG_FILE,
-    INDEX_FILE,
-    tensor_nbytes,
-)
+from flashnext.facts.model import CONFIG_FILE, GENERATION_CONFIG_FILE, INDEX_FILE
+from flashnext.facts.safetensors import tensor_nbytes
 from flashnext.skeleton.inventory import Entry
 
 # File groups in write order; each starts a new file, so the PLE table shards

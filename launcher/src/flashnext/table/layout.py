@@ -1,7 +1,8 @@
 """Where the PLE table's rows lie in a checkpoint: safetensors headers, no tensor data read.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header
-(name → dtype, shape, data_offsets relative to the data region), then the data.
+(name → dtype, shape, data_offsets relative to the data region), then the data;
+facts/safetensors.py reads the frame, the PLE entries are judged here.
 Rows of shard i are bytes [data_start + begin, data_start + end) of its file,
 row-major, so the flat table is the shards' data regions concatenated in shard order.
 """
@@ -12,12 +13,12 @@ import hashlib
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flashnext.facts.model_derived import config_int, ple_table_shape
+from flashnext.facts.safetensors import DTYPE_BITS, SafetensorsError, read_header_json
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import PACKED, check_layout, table_bytes
 
@@ -27,8 +28,9 @@ from flashnext.table.file_layout import PACKED, check_layout, table_bytes
 SHARD_NAME = re.compile(
     r"^(?P<layer>(?:.*\.)?layers\.\d+\.ple)\..*ngram_embedding\.shard_(?P<index>\d+)\.(?P<leaf>\w+)$"
 )
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1, "I8": 1}
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit; a bigger value means a corrupt file
+# The element types a flat table can hold (whole bytes; sizes from the one dtype table).
+TABLE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3", "U8", "I8")
+DTYPE_BYTES = {dtype: DTYPE_BITS[dtype] // 8 for dtype in TABLE_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -125,27 +127,13 @@ class TableLayout:
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """(header dict, absolute offset of the data region) of one safetensors file."""
+    """(header dict, absolute offset of the data region) of one safetensors file, read
+    by the one header reader (facts/safetensors.py); the PLE entries are judged here."""
     try:
-        with path.open("rb") as f:
-            prefix = f.read(8)
-            if len(prefix) != 8:
-                raise TableError(f"{path}: shorter than a safetensors header (8 bytes)")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > MAX_HEADER_BYTES:
-                raise TableError(f"{path}: header length {length} is not plausible; corrupt file?")
-            raw = f.read(length)
-    except OSError as exc:
-        raise TableError(f"{path}: cannot read ({exc.strerror})") from exc
-    if len(raw) != length:
-        raise TableError(f"{path}: truncated header ({len(raw)} of {length} bytes)")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TableError(f"{path}: header is not JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise TableError(f"{path}: header is not a JSON object")
-    return header, 8 + length
+        header, data_start, _ = read_header_json(path)
+    except SafetensorsError as exc:
+        raise TableError(exc.detail, fix=exc.fix) from exc
+    return header, data_start
 
 
 def _checkpoint_files(model_dir: Path) -> list[str]:

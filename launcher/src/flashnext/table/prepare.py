@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from flashnext.atomic import write_text_atomic
-from flashnext.render import size
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import (
     DEFAULT_LAYOUT,
@@ -40,6 +39,7 @@ from flashnext.table.layout import PleShard, TableLayout, read_layout
 from flashnext.table.source import ShardReader, shard_ended
 from flashnext.table.storage_policy import space_refusal, storage_refusal
 from flashnext.table.writeback import Writeback
+from flashnext.units import size
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_SYNC_BYTES = 1 << 30

@@ -8,7 +8,7 @@ and tmpfs/overlay keep the 95 GiB in RAM or in a container's writable layer.
 from __future__ import annotations
 
 from flashnext.facts.schema import StorageFacts
-from flashnext.render import size
+from flashnext.units import size
 
 IN_MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs"}
 LAYERED_FS = {"overlay", "overlayfs", "aufs", "fuse-overlayfs"}

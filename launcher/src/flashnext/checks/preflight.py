@@ -13,32 +13,20 @@ import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from flashnext import VLLM_VERSION
 from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
+from flashnext.checks.finding import Finding
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
 from flashnext.plan import Plan
 from flashnext.profiles import Profile
-from flashnext.render import gib, size
 from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
 from flashnext.table.storage_policy import storage_refusal
-
-Level = Literal["ok", "warn", "fail"]
-LEVELS: tuple[Level, ...] = ("ok", "warn", "fail")
+from flashnext.units import gib, size
 
 EXPECTED_ARCH = "qwen4_exp"
-
-
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    level: Level
-    measured: str
-    required: str
-    message: str
-    fix: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,10 +82,6 @@ def check(fn: Check) -> Check:
 
 def preflight(inp: PreflightInput) -> list[Finding]:
     return [finding for fn in CHECKS for finding in fn(inp)]
-
-
-def worst(findings: list[Finding]) -> Level:
-    return max((f.level for f in findings), key=LEVELS.index, default="ok")
 
 
 # ---------------------------------------------------------------- GPUs
