@@ -274,3 +274,70 @@ def test_write_manifest_refuses_file_that_differs_from_record(site: Path, tmp_pa
 
     assert_refused(proc, "does not match the wheel's RECORD")
     assert (series.parent / "pristine.sha256").read_text() == before
+
+
+def _with_depends(body: str, depends: str) -> str:
+    return f"Depends: {depends}\n\n{body}"
+
+
+def test_applies_a_series_whose_prerequisites_come_first(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    patches["0002-second.patch"] = _with_depends(patches["0002-second.patch"], "0001-first.patch")
+    series = write_series(tmp_path, patches)
+
+    proc = run_apply(site, "--series", series)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "ok: 2 patch(es)" in proc.stdout
+
+
+def test_refuses_a_series_that_lacks_a_prerequisite(site: Path, tmp_path: Path) -> None:
+    """0002 needs 0001 at run time; a series (and dir) without 0001 is refused."""
+    one = STOCK_CACHE.replace("line 5\n", "line 5 patched\n")
+    body = make_diff("vllm/config/cache.py", STOCK_CACHE, one, tmp_path)
+    series = write_series(
+        tmp_path, {"0002-second.patch": _with_depends(body, "0001-first.patch, 0000-x.patch")}
+    )
+    before = snapshot(site)
+
+    proc = run_apply(site, "--series", series)
+
+    assert_refused(
+        proc,
+        "0002-second.patch needs 0001-first.patch (its Depends field), which series",
+        "fix: add 0001-first.patch to series before 0002-second.patch, or remove"
+        " 0002-second.patch from it",
+    )
+    assert snapshot(site) == before
+    assert not (site / "vllm/_flashnext_patches.json").exists()
+
+
+def test_refuses_a_prerequisite_listed_after_its_user(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    # A Depends field may run over continuation lines.
+    patches["0001-first.patch"] = (
+        "Depends: 0000-none.patch,\n 0002-second.patch\n" + patches["0001-first.patch"]
+    )
+    series = write_series(tmp_path, patches)
+    before = snapshot(site)
+
+    proc = run_apply(site, "--series", series, "--check")
+
+    assert_refused(proc, "0001-first.patch needs 0000-none.patch")
+    assert snapshot(site) == before
+    patches["0001-first.patch"] = patches["0001-first.patch"].replace("0000-none.patch,\n", "\n")
+    series = write_series(tmp_path, patches)
+    assert_refused(
+        run_apply(site, "--series", series),
+        "0001-first.patch needs 0002-second.patch, which series lists after it",
+        "fix: list 0002-second.patch before 0001-first.patch",
+    )
+    assert snapshot(site) == before
+
+
+def test_refuses_a_depends_entry_that_is_not_a_patch_name(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    patches["0002-second.patch"] = _with_depends(patches["0002-second.patch"], "first")
+    series = write_series(tmp_path, patches)
+
+    assert_refused(run_apply(site, "--series", series), "0002-second.patch: Depends names 'first'")

@@ -15,6 +15,19 @@ SERIES = REPO / "patches" / "vllm-0.33.0" / "series"
 README = REPO / "patches" / "README.md"
 # DEP-3 fields every header carries (Forwarded always: a missing one reads "yes").
 REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
+# The one dialect of this series: these fields, in this order (Depends only
+# where a patch needs others at run time), then a line "---".
+DIALECT = (
+    "Description",
+    "Author",
+    "Origin",
+    "Bug",
+    "Forwarded",
+    "Last-Update",
+    "Spec-Row",
+    "Depends",
+    "Proof",
+)
 
 
 def _load_apply():
@@ -57,6 +70,29 @@ def test_patch_header_is_dep3(name: str) -> None:
     assert set(REQUIRED_FIELDS) <= fields, sorted(set(REQUIRED_FIELDS) - fields)
     long = [ln for ln in lines if len(ln) >= 80]
     assert long == [], "header lines must be under 80 characters"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_patch_header_is_the_series_dialect(name: str) -> None:
+    lines = header(name)
+    fields = [m.group(1) for ln in lines if (m := re.match(r"^([A-Z][A-Za-z-]*): ", ln))]
+    want = [f for f in DIALECT if f != "Depends" or "Depends" in fields]
+    assert fields == want, f"header fields {fields}, the series dialect is {want}"
+    assert lines[-1] == "---", "end the header with a line '---'"
+    author = next(ln for ln in lines if ln.startswith("Author: "))
+    assert author == "Author: flashnext"
+    origin = next(ln for ln in lines if ln.startswith("Origin: "))
+    assert origin.startswith("Origin: other, flashnext; ")
+
+
+def test_prerequisites_come_first_in_the_series() -> None:
+    """patches/apply's own check (it refuses a series that lacks one)."""
+    _, patches = apply.load(SERIES)
+    depends = {p.name: p.depends for p in patches}
+    assert set(depends["0022-qsa-offload-layer.patch"]) >= {
+        "0020-qsa-offload-block-size.patch",
+        "0021-qsa-offload-kernels.patch",
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
