@@ -1,4 +1,4 @@
-"""Patch 0010 on a real GPU: pinned staging, H2D into the fixed buffer, FULL graph replay.
+"""Patches 0012/0013 on a real GPU: pinned staging, H2D into the fixed buffer, FULL graph replay.
 
     pytest checks/patches/test_ple_mmap_gpu.py        # skipped without CUDA
     python checks/patches/test_ple_mmap_gpu.py         # same checks, no pytest needed
@@ -29,7 +29,8 @@ else:
     import torch
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "vllm-0.33.0" / "0010-qwen4-exp-ple-mmap-table.patch"
+# The patch that creates ple_mmap.py (0013 only calls it before forward).
+PATCH = REPO / "patches" / "vllm-0.33.0" / "0012-qwen4-exp-ple-mmap-backend.patch"
 MODULE = "vllm/models/qwen4_exp/common/ple_mmap.py"
 ROWS, DIM, HEADS = 200_003, 160, 16
 

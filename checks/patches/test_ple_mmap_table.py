@@ -1,10 +1,12 @@
-"""Patch 0010: the Qwen4Exp PLE table served from a memory-mapped flat file.
+"""Patches 0010-0013: the Qwen4Exp PLE table served from a memory-mapped flat file.
 
-Run with the real vLLM 0.33.0 code on CPU (tiny qwen4_exp, real safetensors
-shards, real mmap). Every `proves` test fails on the stock tree, where
-EngramConfig has no mmap_path and the table can only be loaded into memory.
-What needs a GPU (pinned staging, H2D copy, FULL graph replay) is proven by
-checks/patches/test_ple_mmap_gpu.py against the same ple_mmap module.
+0010 the loader skips unused tensors one by one, 0011 dummy weights leave a
+read-only mapping alone, 0012 the mmap backend, 0013 its gather before
+forward. Run with the real vLLM 0.33.0 code on CPU (tiny qwen4_exp, real
+safetensors shards, real mmap). Every `proves` test fails on the stock tree,
+where EngramConfig has no mmap_path and the table can only be loaded into
+memory. What needs a GPU (pinned staging, H2D copy, FULL graph replay) is
+proven by checks/patches/test_ple_mmap_gpu.py against the same ple_mmap module.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import pytest
 from ple_table_fixture import OTHER_NAME, SHARD_NAME, PleTable, table_geometry, write_ple_table
 from tiny_qwen4_exp import engine_args, write_tiny_qwen4_exp
 
-PATCH = "0010-qwen4-exp-ple-mmap-table.patch"
+PATCH_LOADER = "0010-model-loader-skip-unused-tensors.patch"
+PATCH_DUMMY = "0011-dummy-load-skips-mapped-weights.patch"
+PATCH = "0012-qwen4-exp-ple-mmap-backend.patch"
+PATCH_GATHER = "0013-qwen4-exp-ple-gather-before-forward.patch"
 
 
 # ---------------------------------------------------------------- fixtures
@@ -189,7 +194,7 @@ def test_gathered_rows_equal_the_checkpoint_rows(ple: PleTable, dist) -> None:
         assert torch.equal(got, flat[ids.view(-1)].view(ids.shape[0], -1))
 
 
-@pytest.mark.proves(PATCH)
+@pytest.mark.proves(PATCH_GATHER)
 def test_forward_matches_the_stock_cpu_path(ple: PleTable, dist) -> None:
     """Same batch through the stock device-table path (loaded from the shards) and mmap."""
     import torch
@@ -233,7 +238,7 @@ def test_host_staging_stays_on_the_host_under_a_device_default(ple: PleTable) ->
     assert torch.equal(gather.rows(2), table[ids.view(-1)])
 
 
-@pytest.mark.proves(PATCH)
+@pytest.mark.proves(PATCH_GATHER)
 def test_model_state_gathers_for_the_models_ple_layer(ple: PleTable, dist) -> None:
     """The runner's Qwen4ExpModelState finds the mapped table in the real model and
     prepares its rows (here: the dummy batch of profile/capture runs) before forward."""
@@ -257,7 +262,7 @@ def test_model_state_gathers_for_the_models_ple_layer(ple: PleTable, dist) -> No
     assert rows.shape == (num_tokens, ple.heads * ple.dim)
 
 
-@pytest.mark.proves(PATCH)
+@pytest.mark.proves(PATCH_GATHER)
 def test_forward_without_prepared_rows_is_refused(ple: PleTable, dist) -> None:
     import torch
 
@@ -498,6 +503,55 @@ def test_loader_reads_no_ple_shard_bytes(
     table_param = "language_model.model.layers.1.ple.ple_embedding.ngram_embedding.weight"
     assert table_param in dict(model.named_parameters())
     assert table_param in loaded
+
+
+@pytest.mark.proves(PATCH_LOADER, raises=AssertionError)
+def test_loader_skips_unused_tensors_one_by_one(
+    ple: PleTable, dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any model: tensors its is_unused_checkpoint_weight names are not read, even
+    in a file it needs. Stock drops only whole files of unused tensors."""
+    import torch
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader import default_loader, weight_utils
+
+    class Model(torch.nn.Module):
+        def is_unused_checkpoint_weight(self, name: str) -> bool:
+            return ".ngram_embedding.shard_" in name
+
+    reads: list[str] = []
+    monkeypatch.setattr(weight_utils, "safe_open", _CountingSafeOpen(weight_utils.safe_open, reads))
+    loader = default_loader.DefaultModelLoader(LoadConfig(load_format="safetensors"))
+    config = _config(ple)
+    names = [name for name, _ in loader.get_all_weights(config.model_config, Model())]
+
+    assert names == [OTHER_NAME]
+    assert reads == [OTHER_NAME], f"tensors read: {reads}"
+
+
+@pytest.mark.proves(PATCH_DUMMY, raises=AssertionError)
+def test_dummy_fill_leaves_a_read_only_mapping_alone(tmp_path: Path) -> None:
+    """load_format=dummy's per-tensor fill, on a tensor that views a mapped file."""
+    import torch
+    from vllm.model_executor.model_loader.weight_utils import initialize_single_dummy_weight
+
+    path = tmp_path / "table.bin"
+    path.write_bytes(bytes(4096))
+    with path.open("rb") as f:
+        mapping = mmap.mmap(f.fileno(), 4096, flags=mmap.MAP_PRIVATE)
+    try:
+        mapped = torch.frombuffer(mapping, dtype=torch.bfloat16)
+        plain = torch.zeros(2048, dtype=torch.bfloat16)
+        mapped.read_only_mapping = True
+
+        initialize_single_dummy_weight(plain)
+        initialize_single_dummy_weight(mapped)
+
+        assert plain.any(), "the dummy fill did not run at all"
+        assert not mapped.any(), "the dummy fill wrote into the mapping"
+        del mapped
+    finally:
+        mapping.close()
 
 
 def test_read_counting_sees_the_shards_without_mmap(ple: PleTable, dist, monkeypatch) -> None:
