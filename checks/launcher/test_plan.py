@@ -6,8 +6,9 @@ import dataclasses
 import time
 
 import pytest
-from flashnext.partition import PartitionError, pp_layer_counts, pp_layer_ranges
-from flashnext.plan import PlanOptions, plan
+from flashnext.plan.command import plan_json, serve_command
+from flashnext.plan.partition import PartitionError, pp_layer_counts, pp_layer_ranges
+from flashnext.plan.planner import PlanOptions, plan
 from flashnext.profiles import available_profiles, select_profile
 from lead_fixtures import GIB, base_facts
 
@@ -16,8 +17,22 @@ TABLE = "/nvme/flashnext/ple-table.bin"
 
 
 def make_plan(model, **options):
-    opts = PlanOptions(model_dir="/models/Qwen3.8-Flash-Next", table_path=TABLE, **options)
-    return plan(base_facts(), model, PROFILE, opts)
+    return plan(base_facts(), model, PROFILE, _options(**options))
+
+
+def _options(**options):
+    return PlanOptions(model_dir="/models/Qwen3.8-Flash-Next", table_path=TABLE, **options)
+
+
+def make_argv(model, **options):
+    """The plan's `vllm serve` argv (a Plan holds none: command.py renders it)."""
+    return serve_command(make_plan(model, **options), PROFILE, _options(**options)).argv
+
+
+def make_plan_json(model, **options):
+    """`plan --json`'s document."""
+    p = make_plan(model, **options)
+    return plan_json(p, serve_command(p, PROFILE, _options(**options)))
 
 
 # ---------------------------------------------------------------- partition
@@ -158,16 +173,17 @@ def test_decode_roofline_from_the_headers(full_model):
 def test_user_values_beat_the_profile(full_model):
     p = make_plan(full_model, max_model_len=131072, kv_cache_memory_bytes=400_000_000)
     assert (p.max_model_len.value, p.max_model_len.source) == (131072, "flag")
-    assert "--max-model-len" in p.argv and "131072" in p.argv
+    argv = make_argv(full_model, max_model_len=131072, kv_cache_memory_bytes=400_000_000)
+    assert "--max-model-len" in argv and "131072" in argv
 
 
 def test_plan_json_is_canonical_and_hashed(full_model):
-    a = make_plan(full_model).to_json()
-    b = make_plan(full_model).to_json()
+    a = make_plan_json(full_model)
+    b = make_plan_json(full_model)
     assert a == b and len(a["plan_hash"]) == 64
     assert a["schema_version"] == 1
     assert a["kv_cache_memory_bytes"]["source"] == "derived"
-    c = make_plan(full_model, port=9000).to_json()
+    c = make_plan_json(full_model, port=9000)
     assert c["plan_hash"] != a["plan_hash"]
 
 

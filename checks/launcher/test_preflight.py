@@ -8,7 +8,7 @@ import shutil
 import pytest
 from flashnext.assess import assess
 from flashnext.checks import worst
-from flashnext.plan import PlanOptions
+from flashnext.plan.planner import PlanOptions
 from lead_fixtures import VARIANTS, base_facts
 
 TABLE = "/nvme/flashnext/ple-table.bin"
@@ -90,7 +90,7 @@ def test_generation_config_flag_satisfies_the_sampling_check(shipped_skeleton, t
     (tmp_path / "generation_config.json").write_text('{"temperature": 0.7, "top_p": 0.8}')
     a = run(base_facts(), shipped_skeleton, generation_config_dir=str(tmp_path))
     assert by_id(a)["model.sampling"].level == "ok"
-    assert "--generation-config" in a.plan.argv
+    assert "--generation-config" in a.command.argv
 
 
 def test_partition_that_moves_ple_off_rank_0_fails(full_skeleton, full_model):

@@ -16,7 +16,7 @@ from flashnext.cli import main
 from flashnext.facts.gpu import numa_node_of, sysfs_bus_id
 from flashnext.facts.host import parse_cpulist, probe_numa
 from flashnext.facts.schema import NumaFacts, P2PLink, dumps
-from flashnext.plan import PlanOptions
+from flashnext.plan.planner import PlanOptions
 from lead_fixtures import VARIANTS, base_facts, split_shell_line
 
 TABLE = "/nvme/flashnext/ple-table.bin"

@@ -18,8 +18,9 @@ from flashnext.facts.model import (
 )
 from flashnext.facts.model_derived import ple_table_shape
 from flashnext.facts.schema import HostFacts, ModelFacts, VllmEnvFacts, host_facts_from_json
-from flashnext.partition import PartitionError
-from flashnext.plan import Plan, PlanError, PlanOptions, plan
+from flashnext.plan.command import ServeCommand, serve_command
+from flashnext.plan.partition import PartitionError
+from flashnext.plan.planner import Plan, PlanError, PlanOptions, plan
 from flashnext.profiles import Profile, select_profile
 
 
@@ -35,6 +36,8 @@ class Assessment:
     findings: list[Finding]
     vllm_env: VllmEnvFacts | None = None
     """The vLLM serve would start, when it was asked (preflight, serve)."""
+    command: ServeCommand | None = None
+    """The plan as `vllm serve` argv and env; None without a plan."""
 
 
 def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
@@ -78,7 +81,7 @@ def reference_plan(
     try:
         return plan(facts, reference_model_facts(profile.checkpoint.skeleton), profile, options,
                     profile_reason=reason)  # fmt: skip
-    except (PlanError, PartitionError, KeyError, ValueError):
+    except (PlanError, PartitionError):
         return None  # e.g. a --pp-layer-partition for another layer count
 
 
@@ -117,7 +120,7 @@ def assess(
     else:
         try:
             the_plan = plan(facts, model, profile, options, profile_reason=reason)
-        except (PlanError, PartitionError, KeyError, ValueError) as exc:
+        except (PlanError, PartitionError) as exc:  # anything else is a bug: let it raise
             plan_error = str(exc)
         try:
             table_shape = ple_table_shape(model.text_config)
@@ -152,6 +155,8 @@ def assess(
             build_env=build_env,
         )
     )
+    command = serve_command(the_plan, profile, options) if the_plan else None
     return Assessment(
-        facts, profile, reason, model, model_error, the_plan, plan_error, findings, vllm_env
-    )
+        facts, profile, reason, model, model_error, the_plan, plan_error, findings, vllm_env,
+        command,
+    )  # fmt: skip

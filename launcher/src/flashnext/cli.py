@@ -202,7 +202,7 @@ def _assess(kw: dict, model=None, env_inputs: dict | None = None):
     env is judged too (preflight, serve)."""
     from flashnext.assess import assess, load_facts
     from flashnext.facts.schema import FactsSchemaError
-    from flashnext.plan import PlanOptions
+    from flashnext.plan.planner import PlanOptions
     from flashnext.profiles import ProfileError
 
     options = PlanOptions(
@@ -235,6 +235,7 @@ def _preflight_doc(a) -> dict:
 
     from flashnext.checks import worst
     from flashnext.facts.schema import to_jsonable
+    from flashnext.plan.command import plan_json
 
     findings = [dataclasses.replace(f, fix=_name_command(f.fix)) for f in a.findings]
     return {
@@ -243,7 +244,7 @@ def _preflight_doc(a) -> dict:
         "result": worst(a.findings),
         "findings": to_jsonable(findings),
         "facts": to_jsonable(a.facts),
-        "plan": a.plan.to_json() if a.plan else None,
+        "plan": plan_json(a.plan, a.command) if a.plan else None,
         "plan_error": a.plan_error,
     }
 
@@ -297,6 +298,7 @@ def plan_cmd(as_json: bool, **kw) -> None:
     Pure: reads facts (probed or --facts) and the checkpoint's headers, starts
     nothing. Exit 1 if no plan can be made.
     """
+    from flashnext.plan.command import plan_json
     from flashnext.render import emit_json, render_plan
 
     a = _assess(kw)
@@ -310,9 +312,9 @@ def plan_cmd(as_json: bool, **kw) -> None:
             "--facts recorded on the serving host"
         )
     if as_json:
-        emit_json(a.plan.to_json())
+        emit_json(plan_json(a.plan, a.command))
     else:
-        render_plan(a.plan)
+        render_plan(a.plan, a.command)
 
 
 @main.command()
@@ -396,11 +398,11 @@ def serve(
         raise click.ClickException(str(exc)) from exc
     vllm = a.vllm_env
     click.echo(f"flashnext: vLLM: {vllm.executable} ({vllm.selected_by})", err=True)
-    env = {**os.environ, **a.plan.env}
+    env = {**os.environ, **a.command.env}
     base = f"http://{_reachable_host(kw['host'])}:{kw['port']}"
     raise SystemExit(
         supervise(
-            list(a.plan.argv),
+            list(a.command.argv),
             env,
             executable=vllm.executable,
             health_url=f"{base}/health",
@@ -415,13 +417,13 @@ def serve(
 def _command_line(a) -> str:
     """The plan's command as serve runs it: argv[0] is the chosen env's `vllm` (the plan's
     own `vllm` when that is the one PATH finds, or when no env was found)."""
-    from flashnext.command import shell_line
+    from flashnext.plan.command import shell_line
 
-    argv = list(a.plan.argv)
+    argv = list(a.command.argv)
     env = a.vllm_env
     if env is not None and env.executable and env.selected_by != "PATH":
         argv[0] = env.executable
-    return shell_line(argv, a.plan.env)
+    return shell_line(argv, a.command.env)
 
 
 def _only_the_env_is_missing(findings) -> bool:
@@ -1166,13 +1168,14 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
 
     from flashnext import report as r
     from flashnext.facts.schema import to_jsonable
+    from flashnext.plan.command import plan_json
     from flashnext.render import emit_json
 
     facts = plan = preflight = None
     try:
         a = _assess(kw)
         facts = to_jsonable(a.facts)
-        plan = a.plan.to_json() if a.plan else {"unavailable": a.plan_error}
+        plan = plan_json(a.plan, a.command) if a.plan else {"unavailable": a.plan_error}
         preflight = {"profile": a.profile.name, "findings": to_jsonable(a.findings)}
     except (click.ClickException, OSError, ValueError) as exc:
         preflight = {"unavailable": str(getattr(exc, "message", exc))}

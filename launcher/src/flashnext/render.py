@@ -63,9 +63,9 @@ def write_fix_lines(fixes: Sequence[tuple[str, str]], prog: str = "flashnext") -
     sys.stdout.flush()
 
 
-def render_plan(plan: Any) -> None:
+def render_plan(plan: Any, command: Any) -> None:
     """The plan for people: ranks, KV and host pools, roofline, then the command."""
-    from flashnext.command import shell_line
+    from flashnext.plan.command import shell_line
 
     render_table(
         f"plan: profile {plan.profile} ({plan.profile_reason})",
@@ -136,4 +136,6 @@ def render_plan(plan: Any) -> None:
         console().print(f"note: {key}={plan.env[key]}: {why}", markup=False, highlight=False)
     console().print("[bold]command:[/]")
     # soft_wrap: one physical line, so the command stays pasteable.
-    console().print(shell_line(plan.argv, plan.env), markup=False, highlight=False, soft_wrap=True)
+    console().print(
+        shell_line(command.argv, command.env), markup=False, highlight=False, soft_wrap=True
+    )

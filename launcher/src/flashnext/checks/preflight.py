@@ -20,7 +20,7 @@ from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.checks.finding import Finding
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
-from flashnext.plan import Plan
+from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
 from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
 from flashnext.table.storage_policy import storage_refusal

@@ -1,4 +1,4 @@
-"""Plan → the `vllm serve` argv and environment.
+"""A finished Plan → the `vllm serve` argv (the environment is the plan's).
 
 Flag names are vLLM 0.33.0's own (a test parses our argv with vLLM's parser).
 `--compilation-config` is emitted as ONE JSON object: mixing it with a dotted
@@ -7,21 +7,16 @@ Flag names are vLLM 0.33.0's own (a test parses our argv with vLLM's parser).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
+from flashnext.facts.schema import dumps
+from flashnext.plan.planner import Plan, PlanOptions
 from flashnext.profiles import Profile
 
-if TYPE_CHECKING:
-    from flashnext.host_pools import HostPools
-    from flashnext.plan import PlanOptions
-
-# Knobs our patch series adds to vLLM (patches/vllm-0.33.0/): registered in
-# vllm/envs.py or as EngramConfig fields, never read ad hoc.
-ENV_QSA_OFFLOAD = "VLLM_QSA_KV_OFFLOAD"  # 0020: host K/V arenas on
-ENV_QSA_OFFLOAD_MAX_HOST_BYTES = "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"  # 0020: cap per rank
-ENV_QSA_OFFLOAD_CHUNK_TOKENS = "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS"  # 0020: prefill chunk
 ENGRAM_MMAP_PATH = "mmap_path"  # 0010: EngramConfig field, the PLE table file
 
 
@@ -35,15 +30,17 @@ def compilation_config_json(profile: Profile) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
-def build_command(
-    profile: Profile,
-    options: PlanOptions,
-    kv_cache_memory_bytes: int,
-    max_model_len: int,
-    qsa: HostPools | None,
-    topology_env: dict[str, str] | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """`topology_env`: variables the GPU topology calls for (plan.nccl_env)."""
+@dataclass(frozen=True)
+class ServeCommand:
+    """What serve executes: `vllm serve` argv (argv[0] is replaced by the chosen env's
+    executable at exec time) and the environment added to the caller's."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCommand:
+    """The plan rendered as `vllm serve` flags, each commented with why."""
     sched = profile.scheduler
     argv = ["vllm", "serve", options.model_dir or "MODEL_DIR"]
     argv += ["--served-model-name", options.served_model_name]
@@ -51,7 +48,7 @@ def build_command(
     # Nothing in the model divides by 3: pipeline, not tensor, parallel.
     argv += ["--pipeline-parallel-size", str(profile.parallel.pipeline_parallel_size)]
     argv += ["--tensor-parallel-size", str(profile.parallel.tensor_parallel_size)]
-    argv += ["--max-model-len", str(max_model_len)]
+    argv += ["--max-model-len", str(plan.max_model_len.value)]
     argv += ["--max-num-seqs", str(sched.max_num_seqs)]
     # With prefix caching off this is the prefill chunk size.
     argv += ["--max-num-batched-tokens", str(sched.max_num_batched_tokens)]
@@ -60,7 +57,7 @@ def build_command(
     ]
     argv += ["--gpu-memory-utilization", str(profile.memory.gpu_memory_utilization)]
     # Setting KV bytes skips vLLM's memory profiling (and its cudagraph double count).
-    argv += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
+    argv += ["--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes.value)]
     argv += ["--compilation-config", compilation_config_json(profile)]
     if profile.vllm.additional_config:  # one JSON object, like --compilation-config
         extra = json.dumps(profile.vllm.additional_config, sort_keys=True, separators=(",", ":"))
@@ -72,16 +69,16 @@ def build_command(
         argv += ["--engram-config", json.dumps(engram, sort_keys=True, separators=(",", ":"))]
     if options.generation_config_dir:
         argv += ["--generation-config", options.generation_config_dir]
+    return ServeCommand(tuple(argv), dict(plan.env))
 
-    env = dict(profile.env)
-    env.update(topology_env or {})
-    if options.pp_layer_partition:
-        env["VLLM_PP_LAYER_PARTITION"] = options.pp_layer_partition
-    if qsa is not None:
-        env[ENV_QSA_OFFLOAD] = "1"
-        env[ENV_QSA_OFFLOAD_MAX_HOST_BYTES] = str(profile.qsa_offload.max_host_bytes)
-        env[ENV_QSA_OFFLOAD_CHUNK_TOKENS] = str(profile.qsa_offload.chunk_tokens)
-    return argv, env
+
+def plan_json(plan: Plan, command: ServeCommand) -> dict[str, Any]:
+    """`plan --json`: the plan's JSON with the argv, hashed over both (canonical JSON)."""
+    doc = plan.to_json()
+    doc.pop("plan_hash")
+    doc["argv"] = list(command.argv)
+    doc["plan_hash"] = hashlib.sha256(dumps(doc).encode()).hexdigest()
+    return doc
 
 
 def shell_line(argv: tuple[str, ...] | list[str], env: dict[str, str]) -> str:

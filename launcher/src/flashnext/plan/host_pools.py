@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flashnext import qsa_sizing
 from flashnext.facts.model_derived import config_int
+from flashnext.plan import qsa_sizing
 
 
 def shape_from_text(text: dict[str, Any], num_speculative_tokens: int = 0) -> qsa_sizing.QsaShape:

@@ -4,7 +4,9 @@ It answers: which layers each PP rank owns, how many bytes of weights each card
 holds, how much VRAM is left for KV (sized for the tightest rank), how large
 the pinned host K/V pools are (exact, and as PyTorch's power-of-two pinned
 allocator would round them), how much host RAM and memlock that needs, what
-the single-stream decode roofline is, and the vLLM argv/env that realise it.
+the single-stream decode roofline is, and the environment vLLM runs in. The
+argv that realises it is rendered from a finished plan by command.py; a Plan
+holds no argv.
 
 Every planned value carries its source ("flag", "env", "profile", "derived")
 and a one-line reason; user input beats derivation.
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flashnext import host_pools, qsa_sizing
 from flashnext.facts.model_derived import (
     ConfigValueError,
     config_int,
@@ -25,8 +26,9 @@ from flashnext.facts.model_derived import (
     ple_shard_names,
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
-from flashnext.partition import pp_layer_ranges, rank_of_layer
-from flashnext.placement import place_tensor
+from flashnext.plan import host_pools, qsa_sizing
+from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
+from flashnext.plan.placement import place_tensor
 from flashnext.profiles import Profile
 
 Source = Literal["flag", "env", "profile", "derived"]
@@ -134,13 +136,14 @@ class Plan:
     host_ram_needed_bytes: int
     pinned_bytes_needed: int
     decode: DecodeRoofline
-    argv: tuple[str, ...]
     env: dict[str, str]
+    """The environment `vllm serve` runs with: the profile's, the topology's, ours."""
     notes: tuple[str, ...] = field(default=())
     env_reasons: dict[str, str] = field(default_factory=dict)
     """Why each variable derived from the facts (not the profile's) is set."""
 
     def to_json(self) -> dict[str, Any]:
+        """The plan's own JSON (no argv); `plan --json` is command.plan_json's."""
         doc = to_jsonable(self)
         doc["schema_version"] = PLAN_SCHEMA_VERSION
         for rank, derived in zip(doc["ranks"], self.ranks, strict=True):
@@ -232,6 +235,32 @@ def nccl_env(facts: HostFacts, profile: Profile) -> tuple[dict[str, str], dict[s
         "go through host memory (NCCL's shared-memory transport); disabling P2P keeps NCCL "
         "from probing a path the GPUs do not have"
     }
+
+
+# Knobs our patch series adds to vLLM (patches/vllm-0.33.0/): registered in
+# vllm/envs.py, never read ad hoc.
+ENV_QSA_OFFLOAD = "VLLM_QSA_KV_OFFLOAD"  # 0020: host K/V arenas on
+ENV_QSA_OFFLOAD_MAX_HOST_BYTES = "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES"  # 0020: cap per rank
+ENV_QSA_OFFLOAD_CHUNK_TOKENS = "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS"  # 0020: prefill chunk
+
+
+def serve_env(
+    profile: Profile,
+    options: PlanOptions,
+    qsa: host_pools.HostPools | None,
+    topology_env: dict[str, str],
+) -> dict[str, str]:
+    """The environment of `vllm serve`: the profile's, then what the GPU topology calls
+    for (nccl_env), the user's layer partition, and the QSA offload knobs."""
+    env = dict(profile.env)
+    env.update(topology_env)
+    if options.pp_layer_partition:
+        env["VLLM_PP_LAYER_PARTITION"] = options.pp_layer_partition
+    if qsa is not None:
+        env[ENV_QSA_OFFLOAD] = "1"
+        env[ENV_QSA_OFFLOAD_MAX_HOST_BYTES] = str(profile.qsa_offload.max_host_bytes)
+        env[ENV_QSA_OFFLOAD_CHUNK_TOKENS] = str(profile.qsa_offload.chunk_tokens)
+    return env
 
 
 def pp_buffer_for_rank(rank: int, pp_size: int, profile: Profile) -> int:
@@ -340,10 +369,8 @@ def _plan(
         num_experts=config_int(text, "num_experts", 0, minimum=0),
         bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
     )
-    from flashnext.command import build_command  # command renders a finished plan
-
     topology_env, env_reasons = nccl_env(facts, profile)
-    argv, env = build_command(profile, options, kv.value, max_len.value, qsa, topology_env)
+    env = serve_env(profile, options, qsa, topology_env)
     return Plan(
         profile=profile.name,
         profile_reason=profile_reason,
@@ -358,7 +385,6 @@ def _plan(
         host_ram_needed_bytes=host_needed,
         pinned_bytes_needed=pinned,
         decode=decode,
-        argv=tuple(argv),
         env=env,
         notes=tuple(notes),
         env_reasons=env_reasons,

@@ -1,0 +1,147 @@
+"""The launcher's import graph draws DESIGN's picture: no loop, nothing imports upward.
+
+Every `import` in the package (module level and inside functions alike: a
+deferred import is still a dependency) is read with `ast`, never executed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
+
+# The layer order, declared once, bottom first: a module may import its own layer
+# and the ones below, never one above. Keys are the package's top-level names.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "units", "atomic", "invocation", "checkout"),  # no launcher logic
+    ("facts",),  # every read of the host and the checkpoint
+    ("profiles", "skeleton"),  # profiles; the checkpoint's reference inventory
+    ("plan",),  # pure: partition, placement, kv sizing, plan, command
+    ("table",),  # the PLE table file: prepare, verify (its layout arithmetic too)
+    ("checks", "checkpoint"),  # pure checks, one Finding; checkpoint fix
+    ("assess",),  # facts → plan → findings, for the commands
+    ("render",),  # output for people and programs
+    ("serve", "bench", "report"),  # supervise vLLM; tools over a running server
+    ("cli", "__main__"),  # Click only
+)
+# Old import paths kept for code outside the launcher (each is the same module object
+# as its new home); nothing inside the package may import them.
+ALIASES = {"qsa_sizing": "plan", "partition": "plan"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Modules of the package that `path` imports (a `from P import m` of a submodule
+    counts as importing P.m)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))  # fmt: skip
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m == "flashnext" or m.startswith("flashnext.")}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: {m for m in _imports(path, name) if m in files and m != name}
+        for name, path in files.items()
+    }
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer_of(top: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"flashnext.{top} is in no layer: add it to LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for src, targets in sorted(graph.items()):
+        if _top(src) in ALIASES:
+            continue
+        for dst in sorted(targets):
+            if _top(dst) in ALIASES:
+                bad.append(f"{src} imports the old path {dst}")
+            elif _layer_of(_top(dst)) > _layer_of(_top(src)):
+                bad.append(f"{src} (layer {_layer_of(_top(src))}) imports {dst} "
+                           f"(layer {_layer_of(_top(dst))})")  # fmt: skip
+    return bad
+
+
+def find_loop(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (loop := visit(nxt)):
+                return loop
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (loop := visit(node)):
+            return loop
+    return None
+
+
+def test_every_module_is_in_a_layer():
+    for name in _graph():
+        top = _top(name)
+        if top not in ALIASES:
+            _layer_of(top)
+
+
+def test_nothing_imports_upward():
+    assert upward_imports(_graph()) == []
+
+
+def test_no_import_loop():
+    assert find_loop(_graph()) is None
+
+
+def test_the_walk_sees_a_loop_and_an_upward_import():
+    # The same functions over a made-up graph: what the real one must never show.
+    graph = {"flashnext.plan.a": {"flashnext.plan.b"}, "flashnext.plan.b": {"flashnext.plan.a"}}
+    assert find_loop(graph) == ["flashnext.plan.a", "flashnext.plan.b", "flashnext.plan.a"]
+    assert upward_imports({"flashnext.facts.x": {"flashnext.render"}}) == [
+        "flashnext.facts.x (layer 1) imports flashnext.render (layer 7)"
+    ]
+    assert upward_imports({"flashnext.cli": {"flashnext.partition"}}) == [
+        "flashnext.cli imports the old path flashnext.partition"
+    ]
+
+
+def test_deferred_and_relative_imports_count(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from flashnext.plan import command\nfrom . import units\n")
+    assert _imports(f, "flashnext.m") == {
+        "flashnext.plan", "flashnext.plan.command", "flashnext", "flashnext.units"
+    }  # fmt: skip
