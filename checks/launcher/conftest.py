@@ -6,9 +6,18 @@ of headers); it is written and read once per session.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from flashnext.facts.model import read_model_facts
 from flashnext.skeleton import write_skeleton
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _facts_cache_in_the_session_tmp(tmp_path_factory):
+    """The facts cache ($XDG_CACHE_HOME/flashnext) of this session's checkpoints stays in
+    its temp dir, not the user's cache (the CLI subprocesses inherit it too)."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
 @pytest.fixture(scope="session")

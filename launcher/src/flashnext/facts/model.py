@@ -11,17 +11,34 @@ here: that is preflight's job over the facts this returns.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import marshal
+import operator
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from flashnext.facts.safetensors import read_safetensors_header, tensor_nbytes
-from flashnext.facts.schema import ModelFacts, ModelFactsError, ShardInfo, TensorInfo
+from flashnext.facts import header_cache
+from flashnext.facts.safetensors import (
+    ShardHeader,
+    read_safetensors_header,
+    read_shard_header,
+    tensor_nbytes,
+)
+from flashnext.facts.schema import (
+    LazyTensors,
+    ModelFacts,
+    ModelFactsError,
+    ShardInfo,
+    TensorInfo,
+    bytes_by_class,
+)
 
 # Names other code imports from here (checks/gpu/tiny_model.py: tensor_nbytes).
 __all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
@@ -183,31 +200,26 @@ def _read_model_facts(root: Path) -> ModelFacts:
             "restore generation_config.json from the published checkpoint or delete it",
         )
 
-    files, weight_map = _shard_files(root)
-    shards: list[ShardInfo] = []
-    tensors: list[TensorInfo] = []
-    seen: dict[str, str] = {}
-    for file in files:
-        path = root / file
-        if not path.is_file():
-            raise ModelFactsError(
-                f"{path}: missing shard named by {INDEX_FILE}; the download is incomplete: "
-                "fetch the missing file(s) again"
-            )
-        size, header_len, shard_tensors = read_safetensors_header(path)
-        names = dict.fromkeys([info.name for info in shard_tensors], file)
-        if not seen.keys().isdisjoint(names):
-            dup = next(n for n in names if n in seen)
-            raise ModelFactsError(
-                f"{path}: tensor {dup!r} is also in {seen[dup]}; the checkpoint mixes "
-                "files from two exports: download it again into an empty directory"
-            )
-        seen.update(names)
-        shards.append(ShardInfo(file, size, header_len, len(shard_tensors)))
-        tensors.extend(shard_tensors)
+    index = root / INDEX_FILE if (root / INDEX_FILE).exists() else None
+    cached = header_cache.load(root, index)
+    if cached is not None:  # every file as when it was last read and checked
+        shard_docs = cached["shards"]
+        files = tuple(d["file"] for d in shard_docs)
+        classes: dict[str, int] = {}
+        for d in shard_docs:
+            for cls, n in d["classes"].items():
+                classes[cls] = classes.get(cls, 0) + n
+        count = sum(d["tensors"] for d in shard_docs)
+        shards = tuple(
+            ShardInfo(d["file"], d["key"][1], d["header_bytes"], d["tensors"]) for d in shard_docs
+        )
 
-    if weight_map is not None:
-        _check_index_matches(root / INDEX_FILE, weight_map, seen)
+        def reread() -> list[TensorInfo]:
+            return [t for f in files for t in read_shard_header(root / f).tensors()]
+
+        tensors = LazyTensors(count, reread)
+    else:
+        files, shards, tensors, classes = _read_shards(root, index)
 
     return ModelFacts(
         path=str(root),
@@ -215,9 +227,156 @@ def _read_model_facts(root: Path) -> ModelFacts:
         quantization_config=quant,
         generation_config=generation,
         index_files=files,
-        shards=tuple(shards),
-        tensors=tuple(tensors),
+        shards=shards,
+        tensors=tensors,
+        byte_classes=classes,
     )
+
+
+def _read_shards(
+    root: Path, index: Path | None
+) -> tuple[tuple[str, ...], tuple[ShardInfo, ...], LazyTensors, dict[str, int]]:
+    """Every header read and checked (and the index against them); the result cached."""
+    files, weight_map = _shard_files(root)
+    for file in files:
+        if not (root / file).is_file():
+            raise ModelFactsError(
+                f"{root / file}: missing shard named by {INDEX_FILE}; the download is "
+                "incomplete: fetch the missing file(s) again"
+            )
+    summaries = _summaries(root, files, weight_map)
+    # With an index, each shard's names all map to that shard and their count is the
+    # index's: no tensor missing, none extra, none in two shards. Without one there is
+    # one file (_shard_files), whose JSON keys are unique.
+    if weight_map is not None and not (
+        all(s.names_in_index for s in summaries)
+        and sum(s.tensors for s in summaries) == len(weight_map)
+    ):
+        headers = [read_shard_header(root / f) for f in files]
+        _explain_names(root, weight_map, headers)  # raises, naming the tensor
+
+    header_cache.store(root, index, [
+        {"file": s.file, "key": header_cache.file_key(root / s.file), "header_bytes":
+         s.header_bytes, "tensors": s.tensors, "classes": s.classes} for s in summaries
+    ])  # fmt: skip
+    classes: dict[str, int] = {}
+    for summary in summaries:
+        for cls, n in summary.classes.items():
+            classes[cls] = classes.get(cls, 0) + n
+    shards = tuple(ShardInfo(s.file, s.size_bytes, s.header_bytes, s.tensors) for s in summaries)
+    count = sum(s.tensors for s in summaries)
+
+    def read_tensors() -> list[TensorInfo]:
+        # Planning needs only the class totals; the TensorInfos are read when asked for.
+        return [t for f in files for t in read_shard_header(root / f).tensors()]
+
+    return files, shards, LazyTensors(count, read_tensors), classes
+
+
+class _Summary(NamedTuple):
+    """What the facts keep of one checked header (and what the cache stores)."""
+
+    file: str
+    size_bytes: int
+    header_bytes: int
+    tensors: int
+    names_in_index: bool
+    """Every name maps to this file in the index (True without an index)."""
+    classes: dict[str, int]
+
+
+def _summarize(
+    root: Path, files: Sequence[str], weight_map: dict[str, str] | None
+) -> list[_Summary]:
+    out = []
+    for file in files:
+        h = read_shard_header(root / file)
+        # operator.eq, not file.__eq__: that answers NotImplemented (truthy) for None.
+        in_index = weight_map is None or all(
+            map(operator.eq, repeat(file), map(weight_map.get, h.names))
+        )
+        out.append(_Summary(file, h.size_bytes, h.header_bytes, len(h.names), in_index,
+                            bytes_by_class(h.names, h.nbytes)))  # fmt: skip
+    return out
+
+
+# Below this many shards one process is as fast as two.
+PARALLEL_MIN_SHARDS = 8
+
+
+def _summaries(
+    root: Path, files: Sequence[str], weight_map: dict[str, str] | None
+) -> list[_Summary]:
+    """Every shard summarized; with two CPUs a forked child takes every other shard
+    (JSON parsing holds the GIL, so threads would not help). Whatever goes wrong in
+    the child, the parent reads those shards itself, so an error names the file as
+    it would in one process."""
+    half = list(files[1::2])
+    if not _can_fork(len(files)):
+        return _summarize(root, files, weight_map)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its half as marshal bytes, then exit without cleanup
+        code = 1
+        try:
+            os.close(read_fd)
+            data = marshal.dumps([tuple(s) for s in _summarize(root, half, weight_map)])
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        mine = _summarize(root, files[0::2], weight_map)
+    finally:
+        with os.fdopen(read_fd, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    theirs = None
+    if os.waitstatus_to_exitcode(status) == 0:
+        with contextlib.suppress(ValueError, EOFError, TypeError):
+            theirs = [_Summary(*s) for s in marshal.loads(data)]
+    if theirs is None or [s.file for s in theirs] != half:
+        theirs = _summarize(root, half, weight_map)
+    merged: list[_Summary] = []
+    for pair in zip(mine, [*theirs, None], strict=False):
+        merged.extend(s for s in pair if s is not None)
+    return merged
+
+
+def _can_fork(shards: int) -> bool:
+    import threading
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return (
+        shards >= PARALLEL_MIN_SHARDS
+        and cpus >= 2
+        and hasattr(os, "fork")
+        and threading.active_count() == 1  # forking a threaded process is unsafe
+    )
+
+
+def _explain_names(root: Path, weight_map: dict[str, str] | None, headers: list[ShardHeader]):
+    """Raise the first problem with the tensor names, shard by shard."""
+    seen: dict[str, str] = {}
+    for h in headers:
+        before = len(seen)
+        seen.update(zip(h.names, repeat(h.file)))
+        if len(seen) != before + len(h.names):  # a name was there already
+            firsts = {n: f for g in headers[: headers.index(h)] for n, f in
+                      zip(g.names, repeat(g.file))}  # fmt: skip
+            dup = next(n for n in h.names if n in firsts)
+            raise ModelFactsError(
+                f"{root / h.file}: tensor {dup!r} is also in {firsts[dup]}; the checkpoint "
+                "mixes files from two exports: download it again into an empty directory"
+            )
+    if weight_map is not None:
+        _check_index_matches(root / INDEX_FILE, weight_map, seen)
+    raise AssertionError("unreachable: the names were found wrong, then right")
 
 
 def _check_index_matches(

@@ -15,7 +15,8 @@ import json
 import os
 import struct
 from collections.abc import Iterable
-from operator import itemgetter
+from dataclasses import dataclass
+from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
@@ -124,69 +125,127 @@ def read_header_json(path: Path) -> tuple[dict[str, Any], int, int]:
     return _parse_json(path, raw), 8 + length, size
 
 
+@dataclass(frozen=True)
+class ShardHeader:
+    """One validated header as columns (a full checkpoint has ~225k tensors: no object
+    per tensor until one is asked for, see `tensors`)."""
+
+    file: str
+    size_bytes: int
+    header_bytes: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    nbytes: list[int]
+    starts: list[int]
+    """data_offsets[0] of each tensor, relative to the data region."""
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_bytes
+
+    def tensors(self) -> list[TensorInfo]:
+        base, file = self.data_start, self.file
+        return [
+            TensorInfo(n, d, s, b, file, base + o)
+            for n, d, s, b, o in zip(
+                self.names, self.dtypes, self.shapes, self.nbytes, self.starts, strict=True
+            )
+        ]
+
+
 def read_safetensors_header(path: Path) -> tuple[int, int, list[TensorInfo]]:
     """Parse and validate one shard's header: (file size, header length, tensors).
 
     Tensors come back in header order; `TensorInfo.file` is the file's name and
     `TensorInfo.offset_bytes` the tensor's absolute offset in it.
     """
-    where = str(path)
+    shard = read_shard_header(path)
+    return shard.size_bytes, shard.header_bytes, shard.tensors()
+
+
+def read_shard_header(path: Path) -> ShardHeader:
+    """Parse and validate one shard's header, as strictly as the safetensors library."""
     size, length, raw = _read_frame(path)
     floats: list[str] = []  # float literals seen (parse_float keeps the C scanner)
     header = _parse_json(path, raw, lambda text: floats.append(text) or float(text))
-
-    data_start = 8 + length
-    data_bytes = size - data_start
     meta = header.pop("__metadata__", None)
     if meta is not None and (
         not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())
     ):
-        raise SafetensorsError(f"{where}: __metadata__ must map strings to strings")
-
-    # Hot loop (a full checkpoint has ~225k tensors but a few dozen distinct
-    # (dtype, shape) pairs). When the JSON holds no float, bool or null, every
-    # number is an int, so a pair validated once stays valid and a tensor costs
-    # a dict lookup and one offsets check (a name containing "true" only costs
-    # the slow path). Anything else goes through `_tensor_entry`, which checks
-    # every field and says what is wrong.
-    name = path.name
+        raise SafetensorsError(f"{path}: __metadata__ must map strings to strings")
+    data_bytes = size - 8 - length
+    # When the JSON holds no float, bool or null, every number is an int and the
+    # columns can be checked in bulk: a full checkpoint has ~225k tensors but a few
+    # dozen distinct (dtype, shape, span) triples. Anything unusual (a name holding
+    # "true" included) goes through `_checked_entries`, which checks every field and
+    # says what is wrong.
     fast = not floats and b"true" not in raw and b"false" not in raw and b"null" not in raw
-    known: dict[tuple[Any, tuple[Any, ...]], int] = {}
-    tensors: list[TensorInfo] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    columns = _bulk_columns(header, data_bytes) if fast else None
+    if columns is None:
+        columns = _checked_entries(str(path), path.name, header, data_bytes)
+    names, dtypes, shapes, nbytes, starts, ends = columns
+    _check_tiling(str(path), names, starts, ends, data_bytes)
+    return ShardHeader(path.name, size, length, names, dtypes, shapes, nbytes, starts)
+
+
+_DTYPE, _SHAPE, _OFFSETS = itemgetter("dtype"), itemgetter("shape"), itemgetter("data_offsets")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_Columns = tuple[list[str], list[str], list[tuple[int, ...]], list[int], list[int], list[int]]
+
+
+def _bulk_columns(header: dict[str, Any], data_bytes: int) -> _Columns | None:
+    """The columns when every entry is well formed, checked per distinct triple; None
+    when anything is off (the entry-by-entry check then names it)."""
+    entries = list(header.values())
+    try:  # map/itemgetter: the loops run in C
+        dtypes = list(map(_DTYPE, entries))
+        shapes = list(map(tuple, map(_SHAPE, entries)))
+        offsets = list(map(_OFFSETS, entries))
+        if entries and (set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2}):
+            return None
+        starts = list(map(_FIRST, offsets))
+        ends = list(map(_SECOND, offsets))
+        spans = list(map(sub, ends, starts))
+        triples = set(zip(dtypes, shapes, spans, strict=True))
+        if entries and (min(starts) < 0 or max(ends) > data_bytes):
+            return None
+    except (TypeError, KeyError, ValueError):
+        return None
+    for dtype, shape, span in triples:
+        if dtype not in DTYPE_BITS or not all(type(d) is int and d >= 0 for d in shape):
+            return None
+        try:
+            if tensor_nbytes(dtype, shape) != span:
+                return None
+        except ValueError:
+            return None
+    return list(header), dtypes, shapes, spans, starts, ends
+
+
+def _checked_entries(where: str, name: str, header: dict[str, Any], data_bytes: int) -> _Columns:
+    columns: _Columns = ([], [], [], [], [], [])
+    names, dtypes, shapes, nbytes, starts, ends = columns
     for key, entry in header.items():
-        info = None
-        if fast:
-            try:
-                dtype = entry["dtype"]
-                shape = tuple(entry["shape"])
-                start, end = entry["data_offsets"]
-                nbytes = known[(dtype, shape)]
-                if start >= 0 and end - start == nbytes:
-                    info = TensorInfo(key, dtype, shape, nbytes, name, data_start + start)
-            except (TypeError, KeyError, ValueError):
-                pass
-        if info is None:
-            info = _tensor_entry(where, name, key, entry, data_start)  # raises when invalid
-            known[(info.dtype, info.shape)] = info.nbytes
-            start, end = entry["data_offsets"]
+        info = _tensor_entry(where, name, key, entry, 0)  # raises when invalid
+        start, end = entry["data_offsets"]
         if end > data_bytes:
             raise SafetensorsError(
                 f"{where}: tensor {key!r} ends at byte {end} of the data region, which holds "
                 f"only {data_bytes} bytes: the file is truncated"
             )
+        names.append(key)
+        dtypes.append(info.dtype)
+        shapes.append(info.shape)
+        nbytes.append(info.nbytes)
         starts.append(start)
         ends.append(end)
-        tensors.append(info)
-
-    _check_tiling(where, tensors, starts, ends, data_bytes)
-    return size, length, tensors
+    return columns
 
 
 def _check_tiling(
     where: str,
-    tensors: list[TensorInfo],
+    names: list[str],
     starts: list[int],
     ends: list[int],
     data_bytes: int,
@@ -203,7 +262,7 @@ def _check_tiling(
         return
     cursor = 0
     for i in order:
-        key, start, end = tensors[i].name, starts[i], ends[i]
+        key, start, end = names[i], starts[i], ends[i]
         if start < cursor:
             raise SafetensorsError(
                 f"{where}: tensor {key!r} at data offsets [{start}, {end}) overlaps the previous "

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,6 +345,72 @@ class TensorInfo:
     data_offsets[0]); -1 for inventories that were not read from files."""
 
 
+# A routed expert's tensors differ from expert 0's only in the expert number: one
+# class stands for all 512, so the plan places a few thousand names, not 225k.
+_EXPERT_NUMBER = re.compile(r"\.experts\.\d+\.")
+
+
+def tensor_class(name: str) -> str:
+    """`name` with the expert number as `*` (`layers.3.mlp.experts.*.down_proj.weight`);
+    every other part, the layer number included, is kept."""
+    return _EXPERT_NUMBER.sub(".experts.*.", name)
+
+
+def bytes_by_class(names: Iterable[str], nbytes: Iterable[int]) -> dict[str, int]:
+    """Bytes per tensor_class. One regex pass over all the names joined, and the
+    (class, size) pairs counted in C: a class's tensors nearly all have one size."""
+    names = list(names)
+    if not names:
+        return {}
+    classes = _EXPERT_NUMBER.sub(".experts.*.", "\n".join(names)).split("\n")
+    totals: dict[str, int] = {}
+    for (cls, n), count in Counter(zip(classes, nbytes, strict=True)).items():
+        totals[cls] = totals.get(cls, 0) + n * count
+    return totals
+
+
+class LazyTensors(Sequence[TensorInfo]):
+    """A checkpoint's TensorInfos, built by `load` when first indexed or iterated;
+    `len()` is known up front. Planning needs only byte totals, so `flashnext plan`
+    never builds the 225k objects; `checkpoint check` does."""
+
+    def __init__(self, count: int, load: Callable[[], Iterable[TensorInfo]]) -> None:
+        self._count = count
+        self._load: Callable[[], Iterable[TensorInfo]] | None = load
+        self._items: tuple[TensorInfo, ...] | None = None
+
+    def _all(self) -> tuple[TensorInfo, ...]:
+        if self._items is None:
+            assert self._load is not None
+            self._items = tuple(self._load())
+            self._load = None
+            if len(self._items) != self._count:
+                raise ModelFactsError(
+                    f"the checkpoint changed while it was read ({self._count} tensors, then "
+                    f"{len(self._items)}); run the command again"
+                )
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[TensorInfo]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTensors):
+            return self._all() == other._all()
+        return isinstance(other, tuple) and self._all() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LazyTensors({self._count} tensors)"
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     file: str
@@ -362,7 +431,17 @@ class ModelFacts:
     index_files: tuple[str, ...]
     """Shard files named by model.safetensors.index.json (or the single file)."""
     shards: tuple[ShardInfo, ...]
-    tensors: tuple[TensorInfo, ...]
+    tensors: Sequence[TensorInfo]
+    """Every tensor, in shard and header order (a LazyTensors when read from a
+    directory: built when first iterated; len() never builds them)."""
+    byte_classes: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    """bytes_by_class(tensors), when the reader already has it (cached or counted)."""
+
+    def tensor_bytes_by_class(self) -> dict[str, int]:
+        """Tensor bytes summed by tensor_class(name): what the plan places."""
+        if self.byte_classes is not None:
+            return self.byte_classes
+        return bytes_by_class((t.name for t in self.tensors), (t.nbytes for t in self.tensors))
 
     @property
     def text_config(self) -> dict[str, Any]:

@@ -171,32 +171,36 @@ def qsa_layer_indices(text_config: dict[str, Any]) -> tuple[int, ...]:
 def weights_per_rank(
     model: ModelFacts, ranges: list[tuple[int, int]]
 ) -> tuple[list[int], int, int]:
-    """Bytes per rank, plus the dense and routed-expert bytes read by decode."""
+    """Bytes per rank, plus the dense and routed-expert bytes read by decode.
+
+    Placed per tensor class (facts.schema.tensor_class: the expert number folded),
+    which places exactly as each of its tensors would: a few thousand names, not 225k.
+    """
     ple_table = frozenset(ple_shard_names(model.text_config))
     rank_of = {i: r for r, (start, end) in enumerate(ranges) for i in range(start, end)}
     last = len(ranges) - 1
     per_rank = [0] * len(ranges)
     dense = routed = 0
-    for tensor in model.tensors:
-        spot = place_tensor(tensor.name, ple_table)
+    for name, nbytes in model.tensor_bytes_by_class().items():
+        spot = place_tensor(name, ple_table)
         where = spot.where
         if where == "layer":
             if spot.layer not in rank_of:
                 raise PlanError(
-                    f"{tensor.name}: layer {spot.layer} is beyond num_hidden_layers "
+                    f"{name}: layer {spot.layer} is beyond num_hidden_layers "
                     f"({len(rank_of)}); the checkpoint does not match its config.json"
                 )
-            per_rank[rank_of[spot.layer]] += tensor.nbytes
+            per_rank[rank_of[spot.layer]] += nbytes
         elif where == "first":
-            per_rank[0] += tensor.nbytes
+            per_rank[0] += nbytes
         elif where == "last":
-            per_rank[last] += tensor.nbytes
+            per_rank[last] += nbytes
         else:  # on disk (PLE table) or not loaded (vision, MTP)
             continue
         if spot.routed_expert:
-            routed += tensor.nbytes
+            routed += nbytes
         elif not spot.embedding:
-            dense += tensor.nbytes
+            dense += nbytes
     return per_rank, dense, routed
 
 
