@@ -69,14 +69,19 @@ def cases(max_model_len: int) -> list[dict[str, Any]]:
     ]
 
 
-def budget(doc: dict[str, Any], rank: dict[str, Any]) -> dict[str, int]:
-    """Free bytes the ballast leaves, and the start-up budget, for one slice."""
+def budget(doc: dict[str, Any], rank: dict[str, Any], headroom: int = 0) -> dict[str, int]:
+    """Free bytes the ballast leaves, and the start-up budget, for one slice.
+
+    `headroom` > 0 is a measuring run: the ballast leaves that much more, so
+    a slice that does not fit still shows how much it needs (`ok` still
+    judges the peak against the 3090's free memory)."""
     extra = sum(rank["slice_extra_bytes"].values())
     pp_buffers = rank["planned"]["pp_buffer_bytes"]
     return {
         "slice_extra": extra,
         "pp_buffers": pp_buffers,
-        "target_free": doc["card_free_bytes"] + extra - pp_buffers,
+        "headroom": headroom,
+        "target_free": doc["card_free_bytes"] + extra - pp_buffers + headroom,
         "gate_budget": rank["planned"]["vram_usable_bytes"] + extra - pp_buffers,
     }
 
@@ -124,8 +129,13 @@ def judge(
     """The per-rank record: planned vs peak, moved back to what the rank holds."""
     start = worker.get("start", {})
     ran = [c["name"] for c in worker.get("cases", []) if c.get("ok")]
-    ok = bool(worker.get("ok")) and "error" not in start and len(ran) == len(cases(0))
     peak_rank = _over_run(worker, "driver_peak") - b["slice_extra"] + b["pp_buffers"]
+    ok = (
+        bool(worker.get("ok"))
+        and "error" not in start
+        and len(ran) == len(cases(0))
+        and peak_rank <= doc["card_free_bytes"]
+    )
     planned = rank["planned"]
     return {
         "rank": rank["rank"],
@@ -146,6 +156,17 @@ def judge(
     }
 
 
+def kernel_choices(log_lines: list[str]) -> list[str]:
+    """vLLM's own lines naming the kernels and backends it chose."""
+    picked = []
+    for line in log_lines:
+        message = line.split("] ", 1)[-1]
+        chose = message.startswith("Using ") and ("Kernel" in message or "backend" in message)
+        if chose and message not in picked:
+            picked.append(message)
+    return picked
+
+
 def host_facts() -> dict[str, Any]:
     probe = (
         "import json, torch, triton; print(json.dumps({'torch': torch.__version__, "
@@ -160,7 +181,7 @@ def host_facts() -> dict[str, Any]:
 def run(args) -> int:
     doc = json.loads((args.inputs / "rank_fit.json").read_text())
     rank = doc["ranks"][args.rank]
-    b = budget(doc, rank)
+    b = budget(doc, rank, args.headroom)
     argv = [a.replace("@SLICE@", str(args.inputs)) for a in rank["argv"]]
     table = write_sparse_table(doc["table"]) if rank["ple_layer_ids"] else None
     max_model_len = int(argv[argv.index("--max-model-len") + 1])
@@ -177,6 +198,7 @@ def run(args) -> int:
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     env = {**os.environ, **doc["plan_env"], **HOST_ENV}
+    record_env = {k: env[k] for k in ("RANK_FIT_GC",) if k in env}
     ballast, held = start_ballast(b["target_free"])
     print(f"rank_fit: rank {rank['rank']}: ballast {held}", file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -196,9 +218,12 @@ def run(args) -> int:
     worker = json.loads(out_path.read_text()) if out_path.exists() else {}
     worker["exit"] = code
     worker["wall_s"] = round(time.monotonic() - started, 1)
-    worker["log_tail"] = log_path.read_text(errors="replace").splitlines()[-60:]
+    log_lines = log_path.read_text(errors="replace").splitlines()
+    worker["log_tail"] = log_lines[-60:]
+    worker["kernels"] = kernel_choices(log_lines)
     record = judge(doc, rank, worker, b)
     record.update({"run_id": args.run_id, "ballast": held, "table": table, "host": host_facts()})
+    record["diagnosis_env"] = record_env
     args.out.mkdir(parents=True, exist_ok=True)
     dest = args.out / f"rank_fit-{args.run_id}-rank{rank['rank']}.json"
     dest.write_text(json.dumps(record, indent=2) + "\n")
@@ -207,8 +232,21 @@ def run(args) -> int:
     return 0 if record["ok"] else 1
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def phase_peaks(record: dict[str, Any]) -> dict[str, int | None]:
+    """Driver-view peaks as the rank, split into engine start and serving
+    (the prefills); None where the phase never ran."""
+    b, w = record["budget"], record["worker"]
+    shift = b["pp_buffers"] - b["slice_extra"]
+    start = w.get("start", {}).get("driver_peak")
+    serving = [c["driver_peak"] for c in w.get("cases", []) if "driver_peak" in c]
+    return {
+        "start_peak_bytes": None if start is None else start + shift,
+        "serving_peak_bytes": max(serving) + shift if serving else None,
+    }
 
 
 def merge(args) -> int:
@@ -219,17 +257,18 @@ def merge(args) -> int:
     records = [json.loads(f.read_text()) for f in files]
     keys = ("rank", "planned_bytes", "peak_bytes", "ok", "margin_bytes", "allocator_peak_bytes",
             "qsa_host_bytes", "qsa_host_bytes_planned", "cases_ok")  # fmt: skip
-    summary = [{k: r[k] for k in keys} for r in records]
+    summary = [{**{k: r[k] for k in keys}, **phase_peaks(r)} for r in records]
     doc = {"run_id": args.run_id, "note": records[0]["host"]["note"], "ranks": summary}
     (args.results / f"rank_fit-{args.run_id}.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(
-        "| rank | planned | peak (NVML, as the rank) | allocator peak | "
+        "| rank | planned | peak, start | peak, serving | allocator peak | "
         "left of the 3090's free | QSA pinned host (planned) | prefills | ok |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
-        print(f"| {s['rank']} | {gib(s['planned_bytes'])} | {gib(s['peak_bytes'])} | "
-              f"{gib(s['allocator_peak_bytes'])} | {gib(s['margin_bytes'])} | "
+        print(f"| {s['rank']} | {gib(s['planned_bytes'])} | {gib(s['start_peak_bytes'])} | "
+              f"{gib(s['serving_peak_bytes'])} | {gib(s['allocator_peak_bytes'])} | "
+              f"{gib(s['margin_bytes'])} | "
               f"{gib(s['qsa_host_bytes'])} ({gib(s['qsa_host_bytes_planned'])}) | "
               f"{', '.join(s['cases_ok']) or '-'} | {s['ok']} |")  # fmt: skip
     return 0 if all(s["ok"] for s in summary) else 1
@@ -246,6 +285,7 @@ def main() -> int:
     r.add_argument("--kit", type=Path, default=Path("/root/kit"))
     r.add_argument("--work", type=Path, default=Path("/root/rank_fit/work"))
     r.add_argument("--timeout", type=float, default=520.0, help="seconds for the worker")
+    r.add_argument("--headroom", type=int, default=0, help="bytes beyond the 3090's (measuring)")
     m = sub.add_parser("merge")
     m.add_argument("--run-id", required=True)
     m.add_argument("--results", type=Path, default=HERE / "results")

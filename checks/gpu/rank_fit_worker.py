@@ -9,7 +9,8 @@ and the prompt cases. The argv goes through vLLM's own `serve` parser and
 EngineArgs, as `vllm serve` does; the engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the allocator's peak is the engine's.
 
-Two changes to the argv, both because the GPU is an H200 and not a 3090:
+Two changes to the argv and one to kernel choice, because the GPU is an
+H200 and not a 3090:
 - `--gpu-memory-utilization` is a share of the card's total, and vLLM
   refuses to start unless that share is free once its CUDA context exists.
   The same bytes as planned (0.97 x 24 GiB, plus the slice's extra modules)
@@ -19,8 +20,10 @@ Two changes to the argv, both because the GPU is an H200 and not a 3090:
   nothing else; the ballast is the hard limit.
 - `--additional-config {"gdn_prefill_backend": "triton"}`: the GDN prefill a
   3090 runs; on Hopper vLLM would pick flashinfer's, a JIT build.
-and VLLM_DISABLED_KERNELS (rank_fit.py) keeps Machete and the CUTLASS W4A8
-kernel, sm90-only, out, so each W4A16 layer takes the kernel a 3090 takes.
+- the kernels a 3090 takes (`select_3090_kernels`): Marlin for the INT4
+  experts and the INT8 layers, Humming for INT6, where vLLM would rank
+  Humming first on sm90; a Humming MoE repack of a full-width expert layer
+  asks for a 6.25 GiB temporary (seen in run r1), Marlin's does not.
 
 OUT gets, and is rewritten after each case (a later failure keeps the earlier
 results): memory after start (allocator: torch's reserved/allocated; driver:
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_S = 0.01  # NVML poll period: a prefill step takes tens of ms
+RISE_BYTES = 256 << 20  # a new peak this much above the last is logged with its time
 
 
 class NvmlPeak:
@@ -57,6 +61,8 @@ class NvmlPeak:
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.baseline = self.used()  # before this process's CUDA context
         self.peak = self.baseline
+        self.rises: list[tuple[str, int]] = []  # (wall clock, ours) each 256 MiB up
+        self._logged = self.baseline
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -66,7 +72,11 @@ class NvmlPeak:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.used())
+            used = self.used()
+            if used > self._logged + RISE_BYTES:
+                self.rises.append((time.strftime("%H:%M:%S"), self.ours(used)))
+                self._logged = used
+            self.peak = max(self.peak, used)
             time.sleep(SAMPLE_S)
 
     def reset(self) -> None:
@@ -105,7 +115,7 @@ def restate_utilization(argv: list[str], budget_bytes: int) -> tuple[list[str], 
     free, total = torch.cuda.mem_get_info()
     # Headroom for what vLLM allocates before its start-up snapshot (its
     # own workspaces) beyond the context this process already has.
-    usable_at_gate = free - (64 << 20)
+    usable_at_gate = free - (512 << 20)
     requested = min(budget_bytes, usable_at_gate)
     share = requested / total
     i = argv.index("--gpu-memory-utilization")
@@ -118,6 +128,63 @@ def restate_utilization(argv: list[str], budget_bytes: int) -> tuple[list[str], 
         "utilization": share,
         "gate_restated_by": budget_bytes - requested,
     }
+
+
+def select_3090_kernels() -> None:
+    """Take the kernels vLLM picks on sm86: on sm90 (only) it ranks Humming
+    ahead of Marlin for the W4A16 MoE and linear layers
+    (quantization/utils/humming/priority.py); a 3090 runs Marlin for INT4 and
+    INT8, Humming for INT6. Machete and CUTLASS W4A8, sm90-only, are left out
+    by VLLM_DISABLED_KERNELS (rank_fit.py)."""
+    from vllm.model_executor.layers.quantization.utils.humming import priority
+
+    priority._HUMMING_PREFERRED_CAPABILITIES = frozenset()
+
+
+LOAD_TRACE: list[dict[str, Any]] = []
+
+
+def collect_after_each_repack() -> None:
+    """RANK_FIT_GC=1 (a diagnosis): run the cyclic garbage collector after
+    each quantized module's weight post-processing, and trace the allocator.
+    A repack replaces a parameter; if the old one sits in a reference cycle
+    it stays on the GPU until Python's collector runs."""
+    import gc
+
+    import torch
+
+    # The methods this model uses, imported so the walk below finds them.
+    import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors  # noqa: F401
+    import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_wna16  # noqa: E501, F401
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    def wrap(cls):
+        inner = cls.process_weights_after_loading
+
+        def process(self, layer, *args, **kwargs):
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = inner(self, layer, *args, **kwargs)
+            mid, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+            gc.collect()
+            LOAD_TRACE.append(
+                {"method": cls.__name__, "before": before, "after": mid, "peak": peak,
+                 "after_gc": torch.cuda.memory_allocated()}
+            )  # fmt: skip
+            return out
+
+        cls.process_weights_after_loading = process
+
+    seen = set()
+    stack = list(QuantizeMethodBase.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        if "process_weights_after_loading" in cls.__dict__:
+            wrap(cls)
 
 
 def model_module_bytes(self) -> dict[str, int]:
@@ -183,12 +250,17 @@ def run(spec: dict[str, Any], out_path: Path) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    select_3090_kernels()
+    if os.environ.get("RANK_FIT_GC") == "1":
+        collect_after_each_repack()
     started = time.monotonic()
     try:
         llm = LLM.from_engine_args(engine_args(argv))
     except Exception as exc:  # the run's finding: recorded, not raised
         result["start"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         result["start"].update(memory_view(peak))
+        result["load_trace"] = LOAD_TRACE
+        result["rises"] = peak.rises
         save()
         peak.stop()
         return 1
@@ -198,6 +270,8 @@ def run(spec: dict[str, Any], out_path: Path) -> int:
     except Exception as exc:
         result["start"]["modules"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     result["start"]["qsa_host_bytes"] = qsa_host_bytes()
+    result["load_trace"] = LOAD_TRACE
+    result["rises"] = peak.rises
     save()
 
     params = SamplingParams(
