@@ -188,7 +188,7 @@ def test_unreadable_facts_file_is_a_clear_error(tmp_path, content, words):
 
 def test_unknown_profile_is_a_usage_error(full_skeleton):
     result = invoke("plan", "--facts", BASE_FILE, "--model", full_skeleton, "--profile", "8xH100")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown profile '8xH100'; available: 3x3090" in result.output
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashnext.facts.schema import dumps
-from flashnext.plan.planner import Plan, PlanOptions
+from flashnext.plan.options import PlanOptions
+from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
 
 ENGRAM_MMAP_PATH = "mmap_path"  # 0010: EngramConfig field, the PLE table file

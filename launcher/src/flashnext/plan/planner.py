@@ -27,6 +27,7 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
+from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
 from flashnext.plan.placement import place_tensor
 from flashnext.profiles import Profile
@@ -44,23 +45,6 @@ class Planned:
     value: Any
     source: Source
     reason: str
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """What the user asked for; None means "derive it"."""
-
-    model_dir: str | None = None
-    table_path: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str = "qwen3.8-flash-next"
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int | None = None
-    pp_layer_partition: str | None = None
-    """VLLM_PP_LAYER_PARTITION from the environment, honoured like vLLM does."""
-    generation_config_dir: str | None = None
-    """Passed as --generation-config when the checkpoint's own lacks sampling keys."""
 
 
 @dataclass(frozen=True)

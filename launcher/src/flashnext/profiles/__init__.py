@@ -210,6 +210,14 @@ def available_profiles() -> dict[str, Profile]:
     return found
 
 
+def check_profile_name(name: str | None, profiles: dict[str, Profile] | None = None) -> str | None:
+    """`name` when a profile of that name is shipped (or None); ProfileError otherwise."""
+    profiles = available_profiles() if profiles is None else profiles
+    if name is not None and name not in profiles:
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(sorted(profiles))}")
+    return name
+
+
 def select_profile(facts: HostFacts, requested: str | None) -> tuple[Profile, str]:
     """The profile to plan for, and why it was chosen.
 
@@ -221,9 +229,7 @@ def select_profile(facts: HostFacts, requested: str | None) -> tuple[Profile, st
     """
     profiles = available_profiles()
     if requested is not None:
-        if requested not in profiles:
-            names = ", ".join(sorted(profiles))
-            raise ProfileError(f"unknown profile {requested!r}; available: {names}")
+        check_profile_name(requested, profiles)
         return profiles[requested], "chosen with --profile"
     for profile in sorted(profiles.values(), key=lambda p: p.name):
         if profile.auto_select and profile.matches(facts):

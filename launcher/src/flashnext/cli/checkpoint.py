@@ -1,0 +1,119 @@
+"""`flashnext checkpoint check|fix`: the checkpoint's metadata against its tensors."""
+
+from __future__ import annotations
+
+import click
+
+from flashnext.cli.root import FlashnextError, main
+from flashnext.cli.settings import options
+from flashnext.invocation import invoked_as
+
+
+@main.group("checkpoint")
+def checkpoint_group() -> None:
+    """Check and fix the checkpoint's metadata (quantization targets, sampling keys)."""
+
+
+@checkpoint_group.command("check")
+@options("model_dir", "as_json", model_dir={"required": True})
+def checkpoint_check(model_dir: str, as_json: bool) -> None:
+    """Resolve every module's scheme the way vLLM 0.33.0 will, against what its tensors store.
+
+    Reports the shipped export defects (config_groups all targeting "Linear";
+    generation_config.json without sampling keys), groups that match nothing,
+    modules matched twice, and a PLE table missing from `ignore`. Exit 1 on any
+    failed check.
+    """
+    from flashnext.checkpoint import check
+    from flashnext.facts.model import read_model_facts
+    from flashnext.render import emit_json, render_table, write_fix_lines
+
+    report = check(read_model_facts(model_dir))
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        rows = [(f.status, f.id, f.message) for f in report.findings]
+        render_table(f"checkpoint check: {model_dir}", ("status", "check", "finding"), rows)
+        fixes = [(f.id, f.fix) for f in report.findings if f.status != "ok" and f.fix]
+        write_fix_lines(fixes, invoked_as())
+    if report.failed:
+        raise SystemExit(1)
+
+
+@checkpoint_group.command("fix")
+@options("model_dir", model_dir={"required": True})
+@click.option(
+    "--generation-config-from",
+    "generation_source",
+    type=click.Path(exists=True),
+    help="Directory (or file) whose generation_config.json supplies the sampling keys, "
+    "e.g. the published checkpoint's.",
+)
+@click.option(
+    "--sampling",
+    "sampling_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A sampling key vLLM reads, e.g. --sampling temperature=0.7 (repeatable; values "
+    "from the model card: flashnext never invents them).",
+)
+@click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
+@options("as_json")
+def checkpoint_fix(
+    model_dir: str,
+    generation_source: str | None,
+    sampling_pairs: tuple[str, ...],
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Rewrite config_groups targets to exact `re:` patterns derived from the tensors.
+
+    Each group's targets then match exactly the modules whose stored tensors
+    (dtype, packed shape, group size) carry its scheme; the PLE table is added
+    to `ignore`. Sampling keys are restored only from --generation-config-from
+    or --sampling. Originals are kept as FILE.orig (first run only); writes are
+    atomic; a second run changes nothing. Exit 1 if a defect remains.
+    """
+    from pathlib import Path
+
+    from flashnext.checkpoint import apply_fix, parse_sampling, plan_fix, sampling_from_dir
+    from flashnext.facts.model import read_model_facts
+    from flashnext.render import emit_json
+
+    if generation_source and sampling_pairs:
+        raise click.UsageError("pass --generation-config-from or --sampling, not both")
+    model = read_model_facts(model_dir)
+    if generation_source:
+        sampling = sampling_from_dir(Path(generation_source))
+    else:
+        sampling = parse_sampling(sampling_pairs) if sampling_pairs else None
+    plan = plan_fix(model, sampling)
+    try:
+        backups = [] if dry_run else apply_fix(plan)
+    except OSError as exc:  # e.g. a read-only checkpoint: nothing was half-written
+        raise FlashnextError(str(exc)) from exc
+    if as_json:
+        emit_json(
+            {
+                "model_dir": model_dir,
+                "dry_run": dry_run,
+                "changed": sorted(plan.changes),
+                "diff": plan.diff(),
+                "notes": plan.notes,
+                "backups": [str(b) for b in backups],
+                "remaining": plan.remaining,
+            }
+        )
+    else:
+        if dry_run:
+            click.echo(plan.diff(), nl=False)
+        for note in plan.notes:
+            click.echo(f"{'would fix' if dry_run else 'fixed'}: {note}")
+        for backup in backups:
+            click.echo(f"original kept as {backup}")
+        if not plan.changes:
+            click.echo("nothing to change")
+        for left in plan.remaining:
+            click.echo(f"not fixed: {left}", err=True)
+    if plan.remaining:
+        raise SystemExit(1)

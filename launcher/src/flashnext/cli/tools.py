@@ -1,0 +1,339 @@
+"""`flashnext bench`, `report` and `skeleton`: tools around a server, a bug report and a
+checkpoint to plan before downloading."""
+
+from __future__ import annotations
+
+import click
+
+from flashnext.cli.root import FlashnextError, main
+from flashnext.cli.serving import assess_from_settings
+from flashnext.cli.settings import PLAN_SETTINGS, options
+from flashnext.units import gib
+
+
+def _csv_ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
+    if any(v < 1 for v in out):
+        raise click.BadParameter(f"{value!r}: every value must be >= 1")
+    return out
+
+
+def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
+    try:
+        parts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 2 or not 0 <= parts[0] < parts[1]:
+        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI")
+    return parts
+
+
+def _json_file(path: str | None, what: str) -> dict | None:
+    import json
+    from pathlib import Path
+
+    if path is None:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: cannot read {what} JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{path}: {what} must be a JSON object")
+    return doc
+
+
+@main.command()
+@click.option(
+    "--url",
+    required=True,
+    envvar="FLASHNEXT_BENCH_URL",
+    show_envvar=True,
+    help="Server base URL, e.g. http://127.0.0.1:8000.",
+)
+@options("served_model_name", "api_key_file")
+@click.option(
+    "--concurrency",
+    default="1,4",
+    show_default=True,
+    callback=_csv_ints,
+    help="Decode concurrencies to measure.",
+)
+@click.option(
+    "--decode-tokens",
+    default=256,
+    show_default=True,
+    type=click.IntRange(2),
+    help="Tokens generated per decode request (ignore_eos).",
+)
+@click.option(
+    "--prompt-lengths",
+    default="4096",
+    show_default=True,
+    callback=_csv_ints,
+    help="Prompt lengths (tokens) for prefill; 247823 is the seed's.",
+)
+@click.option(
+    "--prefill-concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Prompts prefilled at once (the seed's figure used 4).",
+)
+@click.option(
+    "--warmup",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Unmeasured runs before each measurement (graphs, caches, page faults).",
+)
+@click.option(
+    "--runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Measured runs per measurement; the summary reports their median.",
+)
+@click.option(
+    "--token-id-range",
+    default="1000,100000",
+    show_default=True,
+    callback=_id_range,
+    metavar="LO,HI",
+    help="Prompt token ids are drawn from [LO, HI): inside the model's vocabulary, clear "
+    "of its special tokens.",
+)
+@options("facts_file")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="`flashnext plan --json` output: fingerprint and decode roofline.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Write raw.jsonl and summary.json here.",
+)
+@options("as_json")
+def bench(
+    url: str,
+    served_model_name: str,
+    api_key_file: str | None,
+    concurrency: tuple[int, ...],
+    decode_tokens: int,
+    prompt_lengths: tuple[int, ...],
+    prefill_concurrency: int,
+    warmup: int,
+    runs: int,
+    token_id_range: tuple[int, int],
+    facts_file: str | None,
+    plan_file: str | None,
+    out_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Decode tok/s (c=1, c=4), TTFT and prefill tok/s against a running server.
+
+    Streams completions with exact token counts; any incomplete stream is
+    rejected and makes the run fail (exit 1). Compares the medians with the
+    seed's figures (80 tok/s at c=1, 152-155 at c=4, 4x247,823 tokens prefilled
+    in 368 s) and the plan's decode roofline.
+    """
+    import os
+    from pathlib import Path
+
+    from flashnext import bench as b
+    from flashnext.facts.schema import to_jsonable
+    from flashnext.render import emit_json, render_table
+    from flashnext.report import redactor_for_this_host, versions
+    from flashnext.serve import load_api_key
+
+    api_key = load_api_key(os.environ, api_key_file)
+    facts = _json_file(facts_file, "facts")
+    if facts is None:
+        from flashnext.facts.collect import collect_host_facts
+
+        facts = to_jsonable(collect_host_facts())
+    cfg = b.BenchConfig(
+        url=url,
+        model=served_model_name,
+        api_key=api_key,
+        concurrency=concurrency,
+        decode_tokens=decode_tokens,
+        prompt_lengths=prompt_lengths,
+        prefill_concurrency=prefill_concurrency,
+        warmup=warmup,
+        runs=runs,
+        token_id_range=token_id_range,
+    )
+    records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))
+    # Results get shared: the fingerprint is redacted like `flashnext report`.
+    redact = redactor_for_this_host(facts)
+    plan = _json_file(plan_file, "plan")
+    fingerprint = b.fingerprint(redact.value(facts), redact.value(plan), versions())
+    result = b.build_result(cfg, records, fingerprint)
+    if out_dir:
+        b.write_results(Path(out_dir), records, result)
+    if as_json:
+        emit_json(result)
+    else:
+        rows = []
+        for d in result["summary"]["decode"]:
+            agg, ttft = d["aggregate_tok_s"], d["ttft_s"]
+            rows.append(
+                (
+                    f"decode c={d['concurrency']}",
+                    f"{agg['median']:.2f}" if agg else "-",
+                    f"{ttft['median'] * 1000:.0f} ms",
+                    agg["n"] if agg else 0,
+                )
+            )
+        for p in result["summary"]["prefill"]:
+            rate, ttft = p["prefill_tok_s"], p["ttft_s"]
+            rows.append(
+                (
+                    f"prefill {p['concurrency']}x{p['prompt_tokens']}",
+                    f"{rate['median']:.1f}",
+                    f"{ttft['median']:.2f} s",
+                    rate["n"],
+                )
+            )
+        render_table("bench (medians)", ("measure", "tok/s", "TTFT", "runs"), rows)
+        render_table(
+            "against the seed report and the roofline",
+            ("metric", "measured", "reference", "ratio", "note"),
+            [
+                (c["metric"], c["measured"], c["reference"], c["ratio"], c["note"])
+                for c in result["comparison"]
+            ],
+        )
+        if out_dir:
+            click.echo(f"raw measurements and summary written to {out_dir}")
+    for r in result["rejected"]:
+        click.echo(
+            f"bench: rejected {r['phase']} c={r['concurrency']} run {r['run']}: {r['why']}",
+            err=True,
+        )
+    if result["rejected"]:
+        raise SystemExit(1)
+
+
+@main.command("report")
+@options(*PLAN_SETTINGS)
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    help="Write the report here (atomically) instead of to stdout.",
+)
+@click.option(
+    "--vllm-python",
+    envvar="FLASHNEXT_VLLM_PY",
+    show_envvar=True,
+    help="Python of the vLLM env that serves (ENV/venv/bin/python): its patch stamp is "
+    "reported and checked against this checkout's series.",
+)
+def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **kw) -> None:
+    """Facts, plan, preflight, versions and patch hashes as one redacted JSON file.
+
+    Hostname, user name, serials/UUIDs, MAC and non-loopback IP addresses,
+    secrets and paths under $HOME are redacted; attach the file to a bug
+    report. A part that cannot be collected is recorded as unavailable.
+    """
+    import json
+    from pathlib import Path
+
+    from flashnext import report as r
+    from flashnext.facts.schema import to_jsonable
+    from flashnext.plan.command import plan_json
+    from flashnext.render import emit_json
+
+    facts = plan = preflight = None
+    try:
+        a = assess_from_settings(kw)
+        facts = to_jsonable(a.facts)
+        plan = plan_json(a.plan, a.command) if a.plan else {"unavailable": a.plan_error}
+        preflight = {"profile": a.profile.name, "findings": to_jsonable(a.findings)}
+    except (click.ClickException, OSError, ValueError) as exc:
+        preflight = {"unavailable": str(getattr(exc, "message", exc))}
+    series = r.patch_series(r.default_series_dir())
+    vllm_dir = r.vllm_package_dir(vllm_python) if vllm_python else None
+    doc = r.build_report(
+        facts=facts,
+        plan=plan,
+        preflight=preflight,
+        versions={**r.versions(), "vllm_env": r.env_versions(vllm_python)}
+        if vllm_python
+        else r.versions(),
+        patches=series,
+        redactor=r.redactor_for_this_host(facts),
+        applied=r.applied_patches(vllm_dir, series),
+    )
+    if out_file is None:
+        emit_json(doc)
+        return
+    try:
+        r.write_report(Path(out_file), json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    except OSError as exc:
+        raise FlashnextError(
+            f"cannot write {out_file}: {exc.strerror or exc}",
+            "pass --out a path on a writable filesystem, or drop --out to print the report",
+        ) from exc
+    if as_json:
+        emit_json({"out": out_file, "redactions": doc["redactions"]})
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in doc["redactions"].items()) or "nothing"
+        click.echo(f"report written to {out_file} (redacted: {counts})")
+
+
+@main.command("skeleton")
+@click.argument("out_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="Write the 4-layer toy of the architecture (real bytes, ~5 MB) instead of the full model.",
+)
+@click.option(
+    "--fixed-metadata",
+    is_flag=True,
+    help="Write the checkpoint as `checkpoint fix` leaves it: explicit config_groups targets "
+    "and sampling keys in generation_config.json. Default: the shipped export defects.",
+)
+@options("as_json")
+def skeleton_command(out_dir: str, tiny: bool, fixed_metadata: bool, as_json: bool) -> None:
+    """Write a Qwen3.8-Flash-Next INT4-mixed checkpoint skeleton to DIR (new or empty).
+
+    The full skeleton has the true tensor inventory (names, dtypes, shapes,
+    quantization config) with real safetensors headers and sparse data: about
+    160 GB apparent, ~60 MB on disk. Plan and preflight against it before
+    downloading: `flashnext plan --model DIR`.
+    """
+    import dataclasses
+
+    from flashnext.render import emit_json, render_table
+    from flashnext.skeleton import write_skeleton
+
+    try:
+        summary = write_skeleton(out_dir, "tiny" if tiny else "full", fixed_metadata=fixed_metadata)
+    except OSError as exc:
+        raise FlashnextError(str(exc)) from exc
+    if as_json:
+        emit_json(dataclasses.asdict(summary))
+        return
+    render_table(
+        "checkpoint skeleton",
+        ("field", "value"),
+        [
+            ("path", summary.path),
+            ("variant", summary.variant),
+            ("metadata", "fixed" if summary.fixed_metadata else "as shipped (2 defects)"),
+            ("files", summary.files),
+            ("tensors", summary.tensors),
+            ("tensor bytes", f"{summary.data_bytes} ({gib(summary.data_bytes)})"),
+            ("header bytes", summary.header_bytes),
+        ],
+    )
