@@ -1,0 +1,144 @@
+"""Does the checkpoint's MTP drafter fit on the last PP rank? (issue 16)
+
+Under PP the drafter runs on the last rank only (patch 0030 builds it there
+and nowhere else). What it adds to that rank:
+- its decoder layer as the checkpoint stores it (one QSA layer whose 512
+  routed experts are BF16), or with those experts requantized to INT4 g128
+  (`int4_experts`: half a byte per weight plus one BF16 scale per 128);
+- fc_embedding, fc_hidden, its norms and its HC mixer;
+- its own embed_tokens, vocab x hidden in BF16: under PP>1 vLLM does not
+  share the target's (`spec_decode/eagle/utils.py maybe_share_target_embed`),
+  and the target's sits on rank 0 anyway;
+- the K/V of its QSA layer in VRAM, for every token of every sequence:
+  patch 0022 offloads the target's QSA layers only.
+
+`fit_mtp` compares that with the rank's headroom and says, when it does not
+fit, by how much and what is missing; `max_context_tokens` is how many
+tokens of drafter K/V the headroom left after the weights would hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flashnext.plan.qsa_sizing import QsaShape, kv_bytes_per_token
+from flashnext.units import gib
+
+MTP_PREFIX = "mtp."
+ROUTED = ".mlp.experts."
+GROUP = 128  # INT4 g128, the scheme the target's experts use
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class MtpNeeds:
+    layer_bytes: int
+    """The MTP decoder layer(s) as stored, routed experts included."""
+    routed_expert_bytes: int
+    """Of layer_bytes: the routed experts (BF16 in the shipped checkpoint)."""
+    other_bytes: int
+    """fc_embedding, fc_hidden, norms, the HC mixer."""
+    embed_bytes: int
+    """The drafter's own embed_tokens under PP>1 (BF16)."""
+    kv_bytes_per_token: int
+    """VRAM per token of context for the drafter's QSA layer (K/V + pooled key)."""
+
+
+@dataclass(frozen=True)
+class MtpFit:
+    fits: bool
+    rank: int
+    placed_bytes: dict[str, int]
+    """What the drafter puts on `rank`, by part (kv for `tokens` tokens)."""
+    headroom_bytes: int
+    tokens: int
+    max_context_tokens: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fits": self.fits,
+            "rank": self.rank,
+            "placed_bytes": dict(self.placed_bytes),
+            "needed_bytes": sum(self.placed_bytes.values()),
+            "headroom_bytes": self.headroom_bytes,
+            "tokens": self.tokens,
+            "max_context_tokens": self.max_context_tokens,
+            "reason": self.reason,
+        }
+
+
+def int4_bytes(bf16_bytes: int) -> int:
+    """Bytes of BF16 weights requantized to INT4 with one BF16 scale per GROUP."""
+    weights = bf16_bytes // BF16_BYTES
+    return weights // 2 + weights // GROUP * BF16_BYTES
+
+
+def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> MtpNeeds | None:
+    """From the checkpoint's tensor bytes (by class) and its text_config; None
+    when the checkpoint has no MTP tensors."""
+    layer = routed = other = 0
+    for name, nbytes in bytes_by_class.items():
+        if not name.startswith(MTP_PREFIX):
+            continue
+        if name.startswith(f"{MTP_PREFIX}layers."):
+            layer += nbytes
+            if ROUTED in name:
+                routed += nbytes
+        else:
+            other += nbytes
+    if layer + other == 0:
+        return None
+    shape = QsaShape(
+        num_key_value_heads=int(text_config["num_key_value_heads"]),
+        head_dim=int(text_config["head_dim"]),
+        indexer_head_dim=int(text_config["indexer_head_dim"]),
+        indexer_compress_ratio=int(text_config["indexer_compress_ratio"]),
+    )
+    pooled = shape.indexer_head_dim * shape.dtype_bytes // shape.indexer_compress_ratio
+    return MtpNeeds(
+        layer_bytes=layer,
+        routed_expert_bytes=routed,
+        other_bytes=other,
+        embed_bytes=int(text_config["vocab_size"]) * int(text_config["hidden_size"]) * BF16_BYTES,
+        kv_bytes_per_token=kv_bytes_per_token(shape) + pooled,
+    )
+
+
+def fit_mtp(
+    needs: MtpNeeds, *, rank: int, headroom_bytes: int, tokens: int, int4_experts: bool
+) -> MtpFit:
+    """Place the drafter on `rank` with `headroom_bytes` to spare, for `tokens`
+    tokens of context (max_num_seqs x max_model_len)."""
+    experts = int4_bytes(needs.routed_expert_bytes) if int4_experts else needs.routed_expert_bytes
+    placed = {
+        "layer": needs.layer_bytes - needs.routed_expert_bytes,
+        "routed_experts": experts,
+        "fc_norms_mixer": needs.other_bytes,
+        "embed_tokens": needs.embed_bytes,
+        "kv": tokens * needs.kv_bytes_per_token,
+    }
+    weights = sum(v for k, v in placed.items() if k != "kv")
+    left = headroom_bytes - weights
+    max_tokens = max(left, 0) // needs.kv_bytes_per_token
+    fits = left >= placed["kv"]
+    if fits:
+        reason = (
+            f"fits on rank {rank}: {gib(weights + placed['kv'])} of {gib(headroom_bytes)} headroom"
+        )
+    elif left < 0:
+        experts_how = "INT4" if int4_experts else "BF16"
+        reason = (
+            f"the drafter's weights alone need {gib(weights)} on rank {rank} "
+            f"({experts_how} experts {gib(experts)}, its own embedding {gib(needs.embed_bytes)}, "
+            f"the rest {gib(placed['layer'] + needs.other_bytes)}); the rank has "
+            f"{gib(headroom_bytes)} of headroom"
+        )
+    else:
+        reason = (
+            f"its QSA layer's K/V stays in VRAM (the offload covers the target's layers): "
+            f"{tokens} tokens need {gib(placed['kv'])}, {gib(left)} is left after its weights "
+            f"({max_tokens} tokens)"
+        )
+    return MtpFit(fits, rank, placed, headroom_bytes, tokens, int(max_tokens), reason)
