@@ -74,7 +74,8 @@ def test_flashnext_builds_its_venv_once_then_runs_no_pip_and_never_writes_the_ch
     import shutil
 
     wheels = wheelhouse_with("click", "rich", "nvidia_ml_py", "markdown_it_py", "mdurl",
-                             "pygments")  # fmt: skip
+                             "pygments", "psutil", "httpx", "httpcore", "anyio", "h11",
+                             "idna", "certifi")  # fmt: skip
     if wheels is None:
         import pytest
 

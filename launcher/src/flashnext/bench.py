@@ -16,17 +16,18 @@ over recorded arrival times, so it is tested exactly.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import random
 import statistics
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from flashnext.atomic import write_text_atomic
 
@@ -260,56 +261,58 @@ def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str,
 def stream_completion(
     cfg: BenchConfig, prompt: list[int], max_tokens: int, rec: StreamRecord, clock: Callable
 ) -> None:
-    """Send one streaming request and fill `rec` with what arrived, when."""
+    """Send one streaming request and fill `rec` with what arrived, when (server-sent
+    events: one `data: {json}` line per chunk, then `data: [DONE]`)."""
     scheme, host, port, path = _split_url(cfg.url)
-    conn_cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     body = completion_body(cfg.model, prompt, max_tokens)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers = {"Accept": "text/event-stream"}
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
-    conn = conn_cls(host, port, timeout=cfg.timeout_s)
     try:
-        rec.t_sent = clock()
-        conn.request("POST", path, json.dumps(body), headers)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            rec.error = f"HTTP {resp.status}: {resp.read()[:200].decode('utf-8', 'replace')}"
-            return
-        seen = 0  # cumulative completion tokens per continuous usage stats
-        while line := resp.readline():
-            now = clock()
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                rec.done = True
-                break
-            chunk = json.loads(data)
-            usage = chunk.get("usage")
-            if usage:
-                rec.completion_tokens = usage.get("completion_tokens")
-                rec.usage_prompt_tokens = usage.get("prompt_tokens")
-            for choice in chunk.get("choices") or []:
-                # A chunk may carry several tokens; usage says how many so far. It
-                # carries them even when its text is empty: the detokenizer holds back
-                # a partial UTF-8 character and drops special tokens.
-                total = usage.get("completion_tokens") if usage else None
-                if total is not None:
-                    if total > seen:
-                        rec.arrivals.append((now, total - seen))
-                        seen = total
-                elif choice.get("text"):
-                    rec.arrivals.append((now, 1))
-                    seen += 1
-                if choice.get("finish_reason"):
-                    rec.finish_reason = choice["finish_reason"]
+        with httpx.Client(timeout=cfg.timeout_s) as client:
+            rec.t_sent = clock()
+            url = f"{scheme}://{host}:{port}{path}"
+            with client.stream("POST", url, json=body, headers=headers) as resp:
+                if resp.status_code != 200:
+                    text = resp.read()[:200].decode("utf-8", "replace")
+                    rec.error = f"HTTP {resp.status_code}: {text}"
+                    return
+                _read_events(resp.iter_lines(), rec, clock)
         if not rec.arrivals and rec.error is None:
             rec.error = "no tokens arrived"
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except (httpx.HTTPError, OSError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
+
+
+def _read_events(lines: Iterable[str], rec: StreamRecord, clock: Callable) -> None:
+    seen = 0  # cumulative completion tokens per continuous usage stats
+    for line in lines:
+        now = clock()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            rec.done = True
+            break
+        chunk = json.loads(data)
+        usage = chunk.get("usage")
+        if usage:
+            rec.completion_tokens = usage.get("completion_tokens")
+            rec.usage_prompt_tokens = usage.get("prompt_tokens")
+        for choice in chunk.get("choices") or []:
+            # A chunk may carry several tokens; usage says how many so far. It
+            # carries them even when its text is empty: the detokenizer holds back
+            # a partial UTF-8 character and drops special tokens.
+            total = usage.get("completion_tokens") if usage else None
+            if total is not None:
+                if total > seen:
+                    rec.arrivals.append((now, total - seen))
+                    seen = total
+            elif choice.get("text"):
+                rec.arrivals.append((now, 1))
+                seen += 1
+            if choice.get("finish_reason"):
+                rec.finish_reason = choice["finish_reason"]
 
 
 def _run_batch(

@@ -28,13 +28,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+import httpx
+import psutil
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -245,44 +246,24 @@ def stop_child(
     return True
 
 
-# ---------------------------------------------------------------- /proc
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue  # exited while we looked
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().split(b"\0")[0].decode("utf-8", "replace")
-    except OSError:
-        return ""
+# ---------------------------------------------------------------- the process tree
 
 
 def engine_processes(root_pid: int, prefix: str = "VLLM::") -> dict[int, str]:
     """Descendants of `root_pid` that vLLM titled `VLLM::...` (engine core, workers)."""
-    children = _children_map()
+    try:
+        descendants = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:  # the root is gone: nothing of it is left to find
+        return {}
     found: dict[int, str] = {}
-    todo = list(children.get(root_pid, ()))
-    while todo:
-        pid = todo.pop()
-        title = _cmdline(pid)
+    for proc in descendants:
+        try:
+            # vLLM retitles its processes (setproctitle): the title is argv[0].
+            title = next(iter(proc.cmdline()), "")
+        except psutil.Error:
+            continue  # exited while we looked
         if title.startswith(prefix):
-            found[pid] = title
-        todo.extend(children.get(pid, ()))
+            found[proc.pid] = title
     return found
 
 
@@ -316,18 +297,15 @@ def _request(
     url: str, api_key: str | None, timeout_s: float, body: dict[str, Any] | None = None
 ) -> tuple[int, bytes]:
     """(status, body); status 0 when nothing answered (refused, reset, timed out)."""
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
+        if body is None:
+            resp = httpx.get(url, headers=headers, timeout=timeout_s)
+        else:
+            resp = httpx.post(url, json=body, headers=headers, timeout=timeout_s)
+    except (httpx.HTTPError, OSError):
         return 0, b""
+    return resp.status_code, resp.content
 
 
 def _error_text(status: int, body: bytes) -> str:
