@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
-from flashnext import bench  # noqa: E402
-from flashnext.bench import StreamRecord  # noqa: E402
+from flashnext.tools import bench  # noqa: E402
+from flashnext.tools.bench import StreamRecord  # noqa: E402
 from harness import MODEL_NAME, STANDIN_DIR, free_port, serve_argv, standin_env  # noqa: E402
 
 

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from flashnext import bench
 from flashnext.cli import main
+from flashnext.tools import bench
 
 MODEL = "tiny"
 MAX_LEN = 24576

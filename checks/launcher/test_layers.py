@@ -22,12 +22,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checks", "checkpoint"),  # pure checks, one Finding; checkpoint fix
     ("assess",),  # facts → plan → findings, for the commands
     ("render",),  # output for people and programs
-    ("serve", "bench", "report"),  # supervise vLLM; tools over a running server
+    ("serve", "tools"),  # supervise vLLM; bench, report
     ("cli", "__main__"),  # Click only
 )
 # Old import paths kept for code outside the launcher (each is the same module object
 # as its new home); nothing inside the package may import them.
-ALIASES = {"qsa_sizing": "plan", "partition": "plan"}
+ALIASES = {"qsa_sizing": "plan", "partition": "plan", "bench": "tools"}
 
 
 def _module_name(path: Path) -> str:

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from flashnext import report
 from flashnext.facts.collect import collect_host_facts
 from flashnext.facts.schema import to_jsonable
+from flashnext.tools import report
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
 

@@ -23,13 +23,13 @@ class FlashnextError(click.ClickException):
 def _user_errors() -> tuple[type[Exception], ...]:
     """The launcher's own error types: each message names the input and says the fix.
     Imported when one is raised, so a command imports only what it uses."""
-    from flashnext.bench import BenchError
     from flashnext.checkpoint import CheckpointError
     from flashnext.facts.schema import FactsSchemaError, ModelFactsError
     from flashnext.profiles import ProfileError
     from flashnext.serve import ServeError
     from flashnext.skeleton.writer import SkeletonError
     from flashnext.table.errors import TableError
+    from flashnext.tools.bench import BenchError
 
     return (BenchError, CheckpointError, FactsSchemaError, ModelFactsError, ProfileError,
             ServeError, SkeletonError, TableError)  # fmt: skip

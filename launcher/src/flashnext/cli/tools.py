@@ -146,11 +146,11 @@ def bench(
     import os
     from pathlib import Path
 
-    from flashnext import bench as b
     from flashnext.facts.schema import to_jsonable
     from flashnext.render import emit_json, render_table
-    from flashnext.report import redactor_for_this_host, versions
     from flashnext.serve import load_api_key
+    from flashnext.tools import bench as b
+    from flashnext.tools.report import redactor_for_this_host, versions
 
     api_key = load_api_key(os.environ, api_key_file)
     facts = _json_file(facts_file, "facts")
@@ -247,10 +247,10 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
     import json
     from pathlib import Path
 
-    from flashnext import report as r
     from flashnext.facts.schema import to_jsonable
     from flashnext.plan.command import plan_json
     from flashnext.render import emit_json
+    from flashnext.tools import report as r
 
     facts = plan = preflight = None
     try:
