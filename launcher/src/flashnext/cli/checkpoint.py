@@ -117,3 +117,41 @@ def checkpoint_fix(
             click.echo(f"not fixed: {left}", err=True)
     if plan.remaining:
         raise SystemExit(1)
+
+
+@checkpoint_group.command("mtp-int4")
+@options("model_dir", "vllm_env_dir", model_dir={"required": True})
+def checkpoint_mtp_int4(model_dir: str, vllm_env_dir: str | None) -> None:
+    """Write the MTP layer's routed experts as INT4 W4A16 g128 (MTP on 3x3090).
+
+    The checkpoint ships them in BF16 (4.69 GiB); as INT4, the scheme of the
+    model's other experts, they take about 1.2 GiB. The MTP layer goes into one
+    new shard, mtp-int4.safetensors; the BF16 shards, the index and config.json
+    as they were are kept as *.bf16-mtp. Runs in the vLLM env serve would use
+    (torch and compressed-tensors' packer), on the CPU. A second run changes
+    nothing; after an interruption it finishes the job.
+    """
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import flashnext
+    from flashnext.checkout import find_checkout
+    from flashnext.facts.vllm_env import probe_vllm_env
+
+    selected_by = "--vllm-env"
+    env = probe_vllm_env(vllm_env_dir, selected_by, os.environ, find_checkout())
+    if env.python is None or env.error:
+        raise FlashnextError(
+            f"no vLLM env to run the quantizer in ({env.error or 'none found'})",
+            fix="pins/build-env   # then rerun; or pass --vllm-env DIR",
+        )
+    src = str(Path(flashnext.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [env.python, "-m", "flashnext.tools.mtp_int4", model_dir],
+        env={**os.environ, "PYTHONPATH": path},
+        check=False,
+    )
+    if proc.returncode:
+        raise SystemExit(proc.returncode)
