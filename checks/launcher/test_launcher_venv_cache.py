@@ -75,7 +75,8 @@ def test_flashnext_builds_its_venv_once_then_runs_no_pip_and_never_writes_the_ch
 
     wheels = wheelhouse_with("click", "rich", "nvidia_ml_py", "markdown_it_py", "mdurl",
                              "pygments", "psutil", "httpx", "httpcore", "anyio", "h11",
-                             "idna", "certifi")  # fmt: skip
+                             "idna", "certifi", "pydantic", "pydantic_core",
+                             "annotated_types", "typing_inspection")  # fmt: skip
     if wheels is None:
         import pytest
 

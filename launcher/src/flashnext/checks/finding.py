@@ -21,6 +21,10 @@ class Finding:
     required: str = ""
     message: str = ""
     fix: str = ""
+    measured_bytes: int | None = None
+    """The size `measured` shows, in bytes, for programs (--json); None: not a size."""
+    required_bytes: int | None = None
+    """The size `required` names (the bound), in bytes; None: not a size."""
 
     @property
     def status(self) -> Level:

@@ -67,8 +67,8 @@ class PreflightInput:
     outside a checkout (the Nix app and the image carry their env)."""
 
 
-def _ok(id_: str, measured: str, required: str, message: str) -> Finding:
-    return Finding(id_, "ok", measured, required, message)
+def _ok(id_: str, measured: str, required: str, message: str, **values: int | None) -> Finding:
+    return Finding(id_, "ok", measured, required, message, **values)
 
 
 Check = Callable[[PreflightInput], Iterator[Finding]]
@@ -261,6 +261,8 @@ def _gpu_device(d, inp: PreflightInput) -> Iterator[Finding]:
             f">= {gib(spec.min_memory_bytes)}",
             f"GPU {d.index} has {gib(d.memory_total_bytes)}, the plan needs a 24 GB card",
             "use 24 GB cards (RTX 3090/4090 class) or a profile for your cards",
+            measured_bytes=d.memory_total_bytes,
+            required_bytes=spec.min_memory_bytes,
         )
     else:
         yield _ok(
@@ -268,6 +270,8 @@ def _gpu_device(d, inp: PreflightInput) -> Iterator[Finding]:
             gib(d.memory_total_bytes),
             f">= {gib(spec.min_memory_bytes)}",
             "enough VRAM",
+            measured_bytes=d.memory_total_bytes,
+            required_bytes=spec.min_memory_bytes,
         )
     if _cc(d.compute_capability) < _cc(spec.min_compute_capability):
         yield Finding(
@@ -319,9 +323,18 @@ def _gpu_idle(d, inp: PreflightInput) -> Iterator[Finding]:
             f"GPU {d.index} has only {gib(d.memory_free_bytes)} free of "
             f"{gib(d.memory_total_bytes)}; vLLM will reserve {util:.0%}",
             "free the GPU (a display server or another container may hold memory)",
+            measured_bytes=d.memory_free_bytes,
+            required_bytes=needed,
         )
     else:
-        yield _ok(tag, f"{gib(d.memory_free_bytes)} free", f">= {gib(needed)} free", "idle")
+        yield _ok(
+            tag,
+            f"{gib(d.memory_free_bytes)} free",
+            f">= {gib(needed)} free",
+            "idle",
+            measured_bytes=d.memory_free_bytes,
+            required_bytes=needed,
+        )
 
 
 def _gpu_pcie(d, inp: PreflightInput) -> Iterator[Finding]:
@@ -384,6 +397,7 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"{_not_known(inp, 'MemAvailable', 'mem_available_bytes')}: whether "
             f"{gib(need)} fit is unknown",
             f"check /proc/meminfo where vLLM will run; {_RECORD_FACTS}",
+            required_bytes=need,
         )
     elif avail < need:
         yield Finding(
@@ -394,10 +408,17 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"the plan pins {gib(pinned)} of QSA K/V pools plus {gib(need - pinned)} for the "
             f"processes, the host has {gib(avail)} available{sized}",
             "free host memory, or lower --kv-cache-memory-bytes (fewer pinned K/V blocks)",
+            measured_bytes=avail,
+            required_bytes=need,
         )
     else:
         yield _ok(
-            "host.ram", f"{gib(avail)} available", f">= {gib(need)}", f"enough host RAM{sized}"
+            "host.ram",
+            f"{gib(avail)} available",
+            f">= {gib(need)}",
+            f"enough host RAM{sized}",
+            measured_bytes=avail,
+            required_bytes=need,
         )
 
     soft = mem.memlock_soft_bytes
@@ -413,6 +434,7 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"QSA K/V pools ({gib(pinned)}) can be locked is unknown",
             f"check `ulimit -l` where vLLM will run (unlimited, or >= {gib(pinned)}); "
             f"{_RECORD_FACTS}",
+            required_bytes=pinned,
         )
     elif soft is not None and soft < pinned:
         yield Finding(
@@ -423,9 +445,18 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned QSA K/V pools need {gib(pinned)}{sized}",
             "raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; podman/docker: "
             "--ulimit memlock=-1:-1)",
+            measured_bytes=soft,
+            required_bytes=pinned,
         )
     else:
-        yield _ok("host.memlock", _limit(soft), f">= {gib(pinned)} or unlimited", f"enough{sized}")
+        yield _ok(
+            "host.memlock",
+            _limit(soft),
+            f">= {gib(pinned)} or unlimited",
+            f"enough{sized}",
+            measured_bytes=soft,  # None: unlimited
+            required_bytes=pinned,
+        )
 
     limit = mem.cgroup_memory_limit_bytes
     if "cgroup_memory_limit_bytes" in mem.unknown:
@@ -438,6 +469,7 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"whether the plan's {gib(need)} fit under it is unknown",
             "check memory.max of the cgroup vLLM will run in (podman/docker: --memory); "
             f"{_RECORD_FACTS}",
+            required_bytes=need,
         )
     elif limit is not None and limit < need:
         yield Finding(
@@ -448,6 +480,8 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             f"this process's cgroup ({mem.cgroup_version}) is limited to {gib(limit)}, the "
             f"plan needs {gib(need)}: the kernel would OOM-kill vLLM{sized}",
             "raise the limit (podman/docker: --memory or drop it; systemd: MemoryMax=)",
+            measured_bytes=limit,
+            required_bytes=need,
         )
     else:
         yield _ok(
@@ -455,6 +489,8 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             "no limit" if limit is None else gib(limit),
             f">= {gib(need)} or no limit",
             f"cgroup allows the plan{sized}",
+            measured_bytes=limit,
+            required_bytes=need,
         )
 
 
@@ -474,6 +510,7 @@ def _host_memory_unsized(inp: PreflightInput) -> Iterator[Finding]:
         required,
         f"{why} the host RAM vLLM needs",
         fix,
+        measured_bytes=mem.mem_available_bytes,
     )
     soft = mem.memlock_soft_bytes
     if soft is None and "memlock_soft_bytes" not in mem.unknown:
@@ -505,6 +542,7 @@ def _host_shm(inp: PreflightInput) -> Iterator[Finding]:
             f"{_not_known(inp, 'the size of /dev/shm', 'shm_total_bytes')}: NCCL and vLLM's "
             "broadcast queues live there",
             f"check `df -h /dev/shm` where vLLM will run; {_RECORD_FACTS}",
+            required_bytes=min_shm,
         )
     elif mem.shm_total_bytes is None or mem.shm_total_bytes < min_shm:
         yield Finding(
@@ -515,9 +553,18 @@ def _host_shm(inp: PreflightInput) -> Iterator[Finding]:
             "/dev/shm is missing or small: NCCL and vLLM's broadcast queues between the "
             "three ranks live there",
             "in a container pass --ipc=host or --shm-size=8g",
+            measured_bytes=mem.shm_total_bytes,
+            required_bytes=min_shm,
         )
     else:
-        yield _ok("host.shm", gib(mem.shm_total_bytes), f">= {gib(min_shm)}", "enough")
+        yield _ok(
+            "host.shm",
+            gib(mem.shm_total_bytes),
+            f">= {gib(min_shm)}",
+            "enough",
+            measured_bytes=mem.shm_total_bytes,
+            required_bytes=min_shm,
+        )
 
 
 def _limit(n: int | None) -> str:
@@ -586,6 +633,8 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
                 f"rank {r.rank} needs {gib(r.committed_bytes)} (weights {gib(r.weight_bytes)}, KV "
                 f"{gib(r.kv_cache_bytes)}), more than its usable {gib(r.vram_usable_bytes)}",
                 "lower --kv-cache-memory-bytes or rebalance with VLLM_PP_LAYER_PARTITION",
+                measured_bytes=r.committed_bytes,
+                required_bytes=r.vram_usable_bytes,
             )
         else:
             yield _ok(
@@ -593,6 +642,8 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
                 gib(r.committed_bytes),
                 f"<= {gib(r.vram_usable_bytes)}",
                 f"headroom {gib(r.headroom_bytes)}",
+                measured_bytes=r.committed_bytes,
+                required_bytes=r.vram_usable_bytes,
             )
 
 
@@ -873,6 +924,8 @@ def _table_size(inp: PreflightInput, st: StorageFacts) -> Iterator[Finding]:
             "a truncated copy or another model's table",
             f"remove it and rerun `flashnext table prepare --model {inp.model_dir} "
             f"--out {inp.table_path}` (add --layout page-aligned for the page-aligned layout)",
+            measured_bytes=st.size_bytes,
+            required_bytes=table_bytes(rows, row_bytes, PACKED),
         )
     else:
         yield from _table_manifest(inp, st, fits)

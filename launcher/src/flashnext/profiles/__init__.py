@@ -11,9 +11,12 @@ optional: a profile without them gets the defaults below.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import field
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic.dataclasses import dataclass
 
 from flashnext.facts.schema import GpuDevice, HostFacts
 
@@ -22,105 +25,113 @@ class ProfileError(ValueError):
     """A profile that does not exist, does not parse, or does not fit the host."""
 
 
-@dataclass(frozen=True)
+# A key the dataclass does not declare is a typo: refused, named.
+_FORBID_UNKNOWN = ConfigDict(extra="forbid")
+# Bounds, declared with the fields they bind (pydantic checks them when a TOML loads).
+Bytes = Annotated[StrictInt, Field(ge=0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+
+
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class GpuSpec:
-    name: str
+    name: StrictStr
     """Substring of NVML's device name, case-insensitive."""
-    count: int
-    memory_bytes: int
+    count: Positive
+    memory_bytes: Positive
     """Nominal memory of one card, used when the facts have no GPUs to read it from."""
-    min_memory_bytes: int
-    min_compute_capability: str
-    bandwidth_bytes_per_s: int
+    min_memory_bytes: Bytes
+    min_compute_capability: StrictStr
+    bandwidth_bytes_per_s: Positive
     """Peak memory bandwidth of one card, for the decode roofline."""
-    min_pcie_gen: int
-    min_pcie_width: int
+    min_pcie_gen: Positive
+    min_pcie_width: Positive
 
     def matches(self, device: GpuDevice) -> bool:
         return self.name.lower() in device.name.lower()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class ParallelSpec:
-    pipeline_parallel_size: int
-    tensor_parallel_size: int
+    pipeline_parallel_size: Positive
+    tensor_parallel_size: Positive
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class SchedulerSpec:
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enable_prefix_caching: bool
+    max_model_len: Positive
+    max_num_seqs: Positive
+    max_num_batched_tokens: Positive
+    enable_prefix_caching: StrictBool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class MemorySpec:
-    gpu_memory_utilization: float
-    workspace_margin_bytes: int
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)]
+    """Fraction of each card's memory vLLM may use, in (0, 1]."""
+    workspace_margin_bytes: Bytes
     """Per card, on top of the weights: kernel workspace, PLE prefetch buffers."""
-    pp_buffer_bytes: int
+    pp_buffer_bytes: Bytes
     """Send/receive buffers of one PP hop; middle ranks hold two."""
-    activation_reserve_bytes: int
+    activation_reserve_bytes: Bytes
     """Activations of one prefill chunk and captured graphs, per card."""
-    kv_cache_memory_bytes_max: int
+    kv_cache_memory_bytes_max: Bytes
     """Upper bound on --kv-cache-memory-bytes."""
-    host_overhead_bytes: int
+    host_overhead_bytes: Bytes
     """Host RAM for processes, page tables and staging, beyond the pinned pools."""
-    min_shm_bytes: int
+    min_shm_bytes: Bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class CompilationSpec:
-    mode: int
-    cudagraph_mode: str
-    cudagraph_capture_sizes: tuple[int, ...]
+    mode: StrictInt
+    cudagraph_mode: StrictStr
+    cudagraph_capture_sizes: tuple[Positive, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class QsaOffloadSpec:
-    enabled: bool
-    max_host_bytes: int
+    enabled: StrictBool
+    max_host_bytes: Bytes
     """Cap on the pinned host K/V arenas of one rank."""
-    host_pinning: str
+    host_pinning: Literal["exact", "pow2"]
     """"exact" (cudaHostRegister) or "pow2" (PyTorch's pinned allocator rounds up)."""
-    chunk_tokens: int
+    chunk_tokens: Positive
     """Tokens per chunk a prefill streams through its VRAM work buffer."""
 
 
 TABLE_MEDIUM_CHECKS = ("fail", "warn")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class TableSpec:
-    medium_check: str = "fail"
+    medium_check: Literal["fail", "warn"] = "fail"
     """What preflight makes of a table on a medium `table prepare` refuses (rotational,
     network, RAM, overlay): "fail" (default), or "warn" for a table small enough to
     live in the page cache."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class VllmSpec:
     additional_config: dict[str, Any] = field(default_factory=dict)
     """vLLM's --additional-config (one JSON object); empty: the flag is not passed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class CheckpointSpec:
-    hub_repo: str | None = None
+    hub_repo: StrictStr | None = None
     """The Hugging Face repository of the checkpoint the profile serves, for the
     download command preflight suggests; None: not published."""
-    skeleton: str | None = None
+    skeleton: Literal["full", "tiny"] | None = None
     """The `flashnext skeleton` variant with its exact tensor inventory: without a
     readable --model, preflight sizes host RAM and memlock from it. None: no such
     inventory (host memory then needs --model)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class Profile:
-    name: str
+    name: StrictStr
     description: str
-    default: bool
+    default: StrictBool
     gpu: GpuSpec
     parallel: ParallelSpec
     scheduler: SchedulerSpec
@@ -131,7 +142,7 @@ class Profile:
     table: TableSpec = field(default_factory=TableSpec)
     vllm: VllmSpec = field(default_factory=VllmSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
-    auto_select: bool = True
+    auto_select: StrictBool = True
     """Whether a host with this profile's GPUs gets it without --profile. Test
     profiles set it false: they are chosen by name only."""
 
@@ -141,63 +152,85 @@ class Profile:
         return len(devices) == self.gpu.count and all(self.gpu.matches(d) for d in devices)
 
 
-def _section(cls: type, doc: dict[str, Any], where: str, optional: bool = False) -> Any:
-    """One [table] of the TOML as `cls`: every field present (unless `optional`: the
-    dataclass defaults fill in), nothing unknown."""
-    names = {f.name for f in fields(cls)}
-    missing = set() if optional else names - set(doc)
-    problems = [
-        f"{label} {', '.join(sorted(keys))}"
-        for label, keys in (("missing", missing), ("unknown", set(doc) - names))
-        if keys
-    ]
-    if problems:
-        raise ProfileError(f"{where}: {'; '.join(problems)}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+REQUIRED_SECTIONS = {
+    "gpu": GpuSpec,
+    "parallel": ParallelSpec,
+    "scheduler": SchedulerSpec,
+    "memory": MemorySpec,
+    "compilation": CompilationSpec,
+    "qsa_offload": QsaOffloadSpec,
+}
+OPTIONAL_SECTIONS = {"table": TableSpec, "vllm": VllmSpec, "checkpoint": CheckpointSpec}
+# What a value outside its choices means, said the way the profile spells it.
+_CHOICES = {
+    ("qsa_offload", "host_pinning"): "qsa_offload.host_pinning must be 'exact' or 'pow2'",
+    ("table", "medium_check"): "table.medium_check must be 'fail' or 'warn'",
+    ("checkpoint", "skeleton"): "checkpoint.skeleton must be 'full' or 'tiny'",
+    ("vllm", "additional_config"): "vllm.additional_config must be a table",
+    (None, "auto_select"): "auto_select must be true or false",
+}
+
+
+def _explain(exc: ValidationError, section: str | None) -> str:
+    """pydantic's errors as one line: missing and unknown keys listed, then each bad value
+    with its bound (`memory.gpu_memory_utilization: Input should be less than or equal
+    to 1, got 1.5`)."""
+    missing, unknown, values = [], [], []
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        if err["type"] in ("missing", "missing_argument"):
+            missing.append(key)
+        elif err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            unknown.append(key)
+        elif (section, key) in _CHOICES:
+            values.append(_CHOICES[(section, key)])
+        else:
+            values.append(f"{f'{section}.' if section else ''}{key}: {err['msg']}, "
+                          f"got {err['input']!r}")  # fmt: skip
+    parts = [f"{label} {', '.join(sorted(set(keys)))}"
+             for label, keys in (("missing", missing), ("unknown", unknown)) if keys]  # fmt: skip
+    return "; ".join(dict.fromkeys(parts + values))
+
+
+def _section(cls: type, doc: Any, source: str, key: str) -> Any:
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{source}: [{key}] must be a table")
+    try:
+        return cls(**doc)
+    except ValidationError as exc:
+        raise ProfileError(f"{source} [{key}]: {_explain(exc, key)}") from None
 
 
 def parse_profile(text: str, source: str) -> Profile:
+    """A profile TOML, every field checked against its type and bounds."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{source}: not valid TOML ({exc})") from exc
-    sections = {
-        "gpu": GpuSpec,
-        "parallel": ParallelSpec,
-        "scheduler": SchedulerSpec,
-        "memory": MemorySpec,
-        "compilation": CompilationSpec,
-        "qsa_offload": QsaOffloadSpec,
-    }
+    absent = [k for k in REQUIRED_SECTIONS if k not in doc]
+    if absent:
+        raise ProfileError(f"{source}: missing section [{absent[0]}]")
+    sections = {**REQUIRED_SECTIONS, **{k: v for k, v in OPTIONAL_SECTIONS.items() if k in doc}}
+    built = {k: _section(cls, doc[k], source, k) for k, cls in sections.items()}
     try:
-        built = {k: _section(cls, doc[k], f"{source} [{k}]") for k, cls in sections.items()}
-    except KeyError as exc:
-        raise ProfileError(f"{source}: missing section [{exc.args[0]}]") from exc
-    optional = {"table": TableSpec, "vllm": VllmSpec, "checkpoint": CheckpointSpec}
-    for key, cls in optional.items():
-        if key in doc:
-            if not isinstance(doc[key], dict):
-                raise ProfileError(f"{source}: [{key}] must be a table")
-            built[key] = _section(cls, doc[key], f"{source} [{key}]", optional=True)
-    profile = Profile(
-        name=doc["name"],
-        description=doc.get("description", ""),
-        default=bool(doc.get("default", False)),
-        auto_select=doc.get("auto_select", True),
-        env={str(k): str(v) for k, v in doc.get("env", {}).items()},
-        **built,
-    )
-    if profile.qsa_offload.host_pinning not in ("exact", "pow2"):
-        raise ProfileError(f"{source}: qsa_offload.host_pinning must be 'exact' or 'pow2'")
-    if profile.table.medium_check not in TABLE_MEDIUM_CHECKS:
-        raise ProfileError(f"{source}: table.medium_check must be 'fail' or 'warn'")
-    if not isinstance(profile.vllm.additional_config, dict):
-        raise ProfileError(f"{source}: vllm.additional_config must be a table")
-    if not isinstance(profile.auto_select, bool):
-        raise ProfileError(f"{source}: auto_select must be true or false")
-    if profile.checkpoint.skeleton not in (None, "full", "tiny"):
-        raise ProfileError(f"{source}: checkpoint.skeleton must be 'full' or 'tiny'")
-    return profile
+        return Profile(
+            name=doc.get("name"),
+            description=doc.get("description", ""),
+            default=bool(doc.get("default", False)),
+            auto_select=doc.get("auto_select", True),
+            env={str(k): str(v) for k, v in doc.get("env", {}).items()},
+            **built,
+        )
+    except ValidationError as exc:
+        raise ProfileError(f"{source}: {_explain(exc, None)}") from None
+
+
+def check_profile_name(name: str | None, profiles: dict[str, Profile] | None = None) -> str | None:
+    """`name` when a profile of that name is shipped (or None); ProfileError otherwise."""
+    profiles = available_profiles() if profiles is None else profiles
+    if name is not None and name not in profiles:
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(sorted(profiles))}")
+    return name
 
 
 def available_profiles() -> dict[str, Profile]:
@@ -208,14 +241,6 @@ def available_profiles() -> dict[str, Profile]:
             profile = parse_profile(entry.read_text(), entry.name)
             found[profile.name] = profile
     return found
-
-
-def check_profile_name(name: str | None, profiles: dict[str, Profile] | None = None) -> str | None:
-    """`name` when a profile of that name is shipped (or None); ProfileError otherwise."""
-    profiles = available_profiles() if profiles is None else profiles
-    if name is not None and name not in profiles:
-        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(sorted(profiles))}")
-    return name
 
 
 def select_profile(facts: HostFacts, requested: str | None) -> tuple[Profile, str]:
