@@ -12,9 +12,9 @@ field says so and "could not be read" elsewhere; a probe that fails records
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
-import types
 import typing
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -263,36 +263,55 @@ def dumps(obj: Any) -> str:
     return json.dumps(to_jsonable(obj), sort_keys=True, indent=2) + "\n"
 
 
-def _build(tp: Any, value: Any, where: str) -> Any:
-    """Rebuild a value of annotated type `tp` from its JSON form."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], value, where)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise FactsSchemaError(f"{where}: expected an object, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise FactsSchemaError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items()}
-        return tp(**kwargs)
-    if origin is tuple:
-        (item,) = typing.get_args(tp)[:1]
-        return tuple(_build(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        _, item = typing.get_args(tp)
-        return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
-    if tp is int and isinstance(value, bool):
-        raise FactsSchemaError(f"{where}: expected an integer, got {value!r}")
-    if tp in (int, str, bool, float) and not isinstance(value, tp):
-        raise FactsSchemaError(f"{where}: expected {tp.__name__}, got {value!r}")
-    return value
+@functools.cache
+def _host_facts_adapter() -> Any:
+    """pydantic's validator for HostFacts, built once and only when a facts file is read:
+    every dataclass under it strict (an integer is an integer, not "12") and closed (a
+    key it does not declare is refused)."""
+    from pydantic import ConfigDict, TypeAdapter
+
+    todo, seen = [HostFacts], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        cls.__pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[attr-defined]
+        for hint in typing.get_type_hints(cls).values():
+            stack = [hint]
+            while stack:
+                tp = stack.pop()
+                if dataclasses.is_dataclass(tp):
+                    todo.append(tp)
+                stack.extend(typing.get_args(tp))
+    return TypeAdapter(HostFacts)
+
+
+def _validated(doc: dict[str, Any], source: str) -> HostFacts:
+    from pydantic import ValidationError
+
+    body = {k: v for k, v in doc.items() if k != "schema_version"}
+    try:
+        return _host_facts_adapter().validate_json(json.dumps(body))
+    except ValidationError as exc:
+        raise FactsSchemaError(_explain(exc, source)) from None
+
+
+def _explain(exc: Any, source: str) -> str:
+    """pydantic's errors, each at its path (`facts.json.memory: unknown field(s) bogus`)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    problems: list[str] = []
+    for err in exc.errors():
+        *parent, last = [str(p) for p in err["loc"]] or ["?"]
+        where = ".".join([source, *parent])
+        if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            grouped.setdefault((where, "unknown field(s)"), []).append(last)
+        elif err["type"] in ("missing", "missing_argument"):
+            grouped.setdefault((where, "missing field(s)"), []).append(last)
+        else:
+            problems.append(f"{where}.{last}: {err['msg']}, got {err['input']!r}")
+    lines = [f"{w}: {what} {', '.join(sorted(n))}" for (w, what), n in grouped.items()]
+    return "; ".join(lines + problems[:5])
 
 
 def host_facts_from_json(text: str, source: str = "facts") -> HostFacts:
@@ -309,7 +328,7 @@ def host_facts_from_json(text: str, source: str = "facts") -> HostFacts:
             f"{source}: schema_version {version!r}, this flashnext reads version "
             f"{SCHEMA_VERSION}; re-run `flashnext facts --json` with this flashnext"
         )
-    facts = _build(HostFacts, doc, source)
+    facts = _validated(doc, source)
     # A field the file does not carry is unknown: for memory limits, None would
     # otherwise read as "unlimited" / "no limit".
     memory = doc.get("memory")
