@@ -17,6 +17,9 @@ let
       click
       rich
       nvidia-ml-py
+      psutil
+      httpx
+      pydantic
       pytest
       safetensors
       numpy

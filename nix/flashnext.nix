@@ -1,5 +1,5 @@
-# The launcher, run by the vLLM env's own Python: click, rich and nvidia-ml-py
-# come from the same hash-locked closure, and `vllm` is on PATH for `serve`.
+# The launcher, run by the vLLM env's own Python: click, rich, nvidia-ml-py,
+# psutil, httpx and pydantic come from the same hash-locked closure, and `vllm` is on PATH for `serve`.
 # It is installed into its own small prefix rather than into the env, so a
 # launcher edit rebuilds kilobytes, not the 9 GB environment.
 {

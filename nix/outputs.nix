@@ -104,6 +104,9 @@ in
           click
           rich
           nvidia-ml-py
+          psutil
+          httpx
+          pydantic
           pytest
           safetensors
           numpy

@@ -72,6 +72,9 @@ let
     click = tool "python3.12-click";
     rich = tool "python3.12-rich";
     nvidia-ml-py = tool "python3.12-nvidia-ml-py";
+    psutil = tool "python3.12-psutil";
+    httpx = tool "python3.12-httpx";
+    pydantic = tool "python3.12-pydantic";
     safetensors = tool "python3.12-safetensors";
     numpy = tool "python3.12-numpy";
     setuptools = tool "python3.12-setuptools";
