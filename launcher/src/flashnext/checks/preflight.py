@@ -645,6 +645,32 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
                 measured_bytes=r.committed_bytes,
                 required_bytes=r.vram_usable_bytes,
             )
+    yield from _mtp_fit(inp)
+
+
+def _mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
+    """The profile asks for MTP: the drafter must fit on the last rank (plan/mtp.py)."""
+    mtp = inp.plan.mtp
+    if mtp is None:
+        return
+    needed = sum(mtp.placed_bytes.values())
+    if mtp.fits:
+        yield _ok("mtp.fit", gib(needed), f"<= {gib(mtp.headroom_bytes)}", mtp.reason,
+                  measured_bytes=needed, required_bytes=mtp.headroom_bytes)  # fmt: skip
+        return
+    writer = "mtp-int4" in mtp.reason
+    yield Finding(
+        "mtp.fit",
+        "fail",
+        gib(needed),
+        f"<= {gib(mtp.headroom_bytes)} on rank {mtp.rank}",
+        f"MTP does not fit: {mtp.reason}",
+        f"flashnext checkpoint mtp-int4 --model {inp.model_dir or 'MODEL_DIR'}"
+        if writer
+        else "set enabled = false under [mtp] in the profile (serve without MTP)",
+        measured_bytes=needed,
+        required_bytes=mtp.headroom_bytes,
+    )
 
 
 def _kv_capacity(inp: PreflightInput) -> Iterator[Finding]:

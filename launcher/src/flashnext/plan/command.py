@@ -68,6 +68,10 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
     if options.table_path:
         engram = {ENGRAM_MMAP_PATH: options.table_path}
         argv += ["--engram-config", json.dumps(engram, sort_keys=True, separators=(",", ":"))]
+    if plan.mtp is not None and plan.mtp.fits:
+        # One JSON object, like --compilation-config.
+        spec = {"method": "mtp", "num_speculative_tokens": profile.mtp.num_speculative_tokens}
+        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     if options.generation_config_dir:
         argv += ["--generation-config", options.generation_config_dir]
     return ServeCommand(tuple(argv), dict(plan.env))

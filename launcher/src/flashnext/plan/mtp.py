@@ -2,9 +2,10 @@
 
 Under PP the drafter runs on the last rank only (patch 0030 builds it there
 and nowhere else). What it adds to that rank:
-- its decoder layer as the checkpoint stores it (one QSA layer whose 512
-  routed experts are BF16), or with those experts requantized to INT4 g128
-  (`int4_experts`: half a byte per weight plus one BF16 scale per 128);
+- its decoder layer as the checkpoint stores it: one QSA layer whose 512
+  routed experts ship in BF16 (4.69 GiB), or INT4 g128 once `flashnext
+  checkpoint mtp-int4` has rewritten them (half a byte per weight plus one
+  BF16 scale per 128: about 1.2 GiB);
 - fc_embedding, fc_hidden, its norms and its HC mixer;
 - its own embed_tokens, vocab x hidden in BF16: under PP>1 vLLM does not
   share the target's (`spec_decode/eagle/utils.py maybe_share_target_embed`),
@@ -36,7 +37,9 @@ class MtpNeeds:
     layer_bytes: int
     """The MTP decoder layer(s) as stored, routed experts included."""
     routed_expert_bytes: int
-    """Of layer_bytes: the routed experts (BF16 in the shipped checkpoint)."""
+    """Of layer_bytes: the routed experts, as stored."""
+    experts_bf16: bool
+    """The routed experts are stored as plain BF16 `weight`s (as shipped), not INT4."""
     other_bytes: int
     """fc_embedding, fc_hidden, norms, the HC mixer."""
     embed_bytes: int
@@ -79,6 +82,7 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
     """From the checkpoint's tensor bytes (by class) and its text_config; None
     when the checkpoint has no MTP tensors."""
     layer = routed = other = 0
+    bf16 = False
     for name, nbytes in bytes_by_class.items():
         if not name.startswith(MTP_PREFIX):
             continue
@@ -86,6 +90,7 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
             layer += nbytes
             if ROUTED in name:
                 routed += nbytes
+                bf16 = bf16 or name.endswith(".weight")
         else:
             other += nbytes
     if layer + other == 0:
@@ -100,21 +105,19 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
     return MtpNeeds(
         layer_bytes=layer,
         routed_expert_bytes=routed,
+        experts_bf16=bf16,
         other_bytes=other,
         embed_bytes=int(text_config["vocab_size"]) * int(text_config["hidden_size"]) * BF16_BYTES,
         kv_bytes_per_token=kv_bytes_per_token(shape) + pooled,
     )
 
 
-def fit_mtp(
-    needs: MtpNeeds, *, rank: int, headroom_bytes: int, tokens: int, int4_experts: bool
-) -> MtpFit:
+def fit_mtp(needs: MtpNeeds, *, rank: int, headroom_bytes: int, tokens: int) -> MtpFit:
     """Place the drafter on `rank` with `headroom_bytes` to spare, for `tokens`
     tokens of context (max_num_seqs x max_model_len)."""
-    experts = int4_bytes(needs.routed_expert_bytes) if int4_experts else needs.routed_expert_bytes
     placed = {
         "layer": needs.layer_bytes - needs.routed_expert_bytes,
-        "routed_experts": experts,
+        "routed_experts": needs.routed_expert_bytes,
         "fc_norms_mixer": needs.other_bytes,
         "embed_tokens": needs.embed_bytes,
         "kv": tokens * needs.kv_bytes_per_token,
@@ -128,13 +131,18 @@ def fit_mtp(
             f"fits on rank {rank}: {gib(weights + placed['kv'])} of {gib(headroom_bytes)} headroom"
         )
     elif left < 0:
-        experts_how = "INT4" if int4_experts else "BF16"
+        how = "BF16" if needs.experts_bf16 else "INT4"
         reason = (
             f"the drafter's weights alone need {gib(weights)} on rank {rank} "
-            f"({experts_how} experts {gib(experts)}, its own embedding {gib(needs.embed_bytes)}, "
-            f"the rest {gib(placed['layer'] + needs.other_bytes)}); the rank has "
-            f"{gib(headroom_bytes)} of headroom"
+            f"({how} experts {gib(needs.routed_expert_bytes)}, its own embedding "
+            f"{gib(needs.embed_bytes)}, the rest {gib(placed['layer'] + needs.other_bytes)}); "
+            f"the rank has {gib(headroom_bytes)} of headroom"
         )
+        if needs.experts_bf16:
+            reason += (
+                f"; `flashnext checkpoint mtp-int4` would make the experts "
+                f"{gib(int4_bytes(needs.routed_expert_bytes))}"
+            )
     else:
         reason = (
             f"its QSA layer's K/V stays in VRAM (the offload covers the target's layers): "

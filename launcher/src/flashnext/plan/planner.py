@@ -27,6 +27,7 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
+from flashnext.plan.mtp import MtpFit, fit_mtp, mtp_needs
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
 from flashnext.plan.placement import place_tensor
@@ -125,10 +126,15 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     env_reasons: dict[str, str] = field(default_factory=dict)
     """Why each variable derived from the facts (not the profile's) is set."""
+    mtp: MtpFit | None = None
+    """The MTP drafter on the last rank, when the profile asks for it."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan's own JSON (no argv); `plan --json` is command.plan_json's."""
         doc = to_jsonable(self)
+        doc.pop("mtp")
+        if self.mtp is not None:  # absent otherwise: plans without MTP keep their hash
+            doc["mtp"] = self.mtp.to_json()
         doc["schema_version"] = PLAN_SCHEMA_VERSION
         for rank, derived in zip(doc["ranks"], self.ranks, strict=True):
             rank["committed_bytes"] = derived.committed_bytes
@@ -359,6 +365,7 @@ def _plan(
     )
     topology_env, env_reasons = nccl_env(facts, profile)
     env = serve_env(profile, options, qsa, topology_env)
+    mtp = _mtp_fit(model, profile, rank_plans[-1], max_len.value) if profile.mtp.enabled else None
     return Plan(
         profile=profile.name,
         profile_reason=profile_reason,
@@ -376,7 +383,18 @@ def _plan(
         env=env,
         notes=tuple(notes),
         env_reasons=env_reasons,
+        mtp=mtp,
     )
+
+
+def _mtp_fit(model: ModelFacts, profile: Profile, last: RankPlan, max_model_len: int) -> MtpFit:
+    """The drafter on the last rank, in what that rank's plan leaves free."""
+    needs = mtp_needs(model.tensor_bytes_by_class(), model.text_config)
+    tokens = profile.scheduler.max_num_seqs * max_model_len
+    if needs is None:
+        return MtpFit(False, last.rank, {}, last.headroom_bytes, tokens, 0,
+                      "the checkpoint has no MTP tensors (mtp.*)")  # fmt: skip
+    return fit_mtp(needs, rank=last.rank, headroom_bytes=last.headroom_bytes, tokens=tokens)
 
 
 def _kv_cache_bytes(

@@ -128,6 +128,15 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
+class MtpSpec:
+    enabled: StrictBool = False
+    """Speculative decoding with the checkpoint's MTP layer: the planner places it on
+    the last PP rank (plan/mtp.py) and passes --speculative-config only if it fits."""
+    num_speculative_tokens: Positive = 1
+    """Draft tokens per step (vLLM's num_speculative_tokens)."""
+
+
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class Profile:
     name: StrictStr
     description: str
@@ -142,6 +151,7 @@ class Profile:
     table: TableSpec = field(default_factory=TableSpec)
     vllm: VllmSpec = field(default_factory=VllmSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    mtp: MtpSpec = field(default_factory=MtpSpec)
     auto_select: StrictBool = True
     """Whether a host with this profile's GPUs gets it without --profile. Test
     profiles set it false: they are chosen by name only."""
