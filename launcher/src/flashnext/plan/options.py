@@ -1,22 +1,28 @@
-"""What the user asked the planner for: a module of its own with no imports, so the
-command line takes its defaults from here without loading the planner."""
+"""What the user asked the planner for, validated with bounds (pydantic, as the
+profiles and the facts are): the command line takes its defaults from here, and
+a PlanOptions built in code (serve-tiny, tests, tools) gets the same checks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+Positive = Annotated[int, Field(ge=1)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class PlanOptions:
     """What the user asked for; None means "derive it"."""
 
     model_dir: str | None = None
     table_path: str | None = None
     host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str = "qwen3.8-flash-next"
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    served_model_name: Annotated[str, Field(min_length=1)] = "qwen3.8-flash-next"
+    kv_cache_memory_bytes: Positive | None = None
+    max_model_len: Positive | None = None
     pp_layer_partition: str | None = None
     """VLLM_PP_LAYER_PARTITION from the environment, honoured like vLLM does."""
     generation_config_dir: str | None = None
