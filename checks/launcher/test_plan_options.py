@@ -31,3 +31,14 @@ def test_defaults_and_replace_still_work():
     assert dataclasses.replace(opts, port=8001).port == 8001
     with pytest.raises(ValidationError):
         dataclasses.replace(opts, port=0)
+
+
+def test_the_cli_turns_a_bound_into_a_usage_error_naming_the_flag(full_skeleton):
+    from click.testing import CliRunner
+    from flashnext.cli import main
+
+    args = ["plan", "--model", str(full_skeleton), "--served-model-name", ""]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "Invalid value for '--served-model-name'" in result.output
+    assert "Traceback" not in result.output

@@ -106,5 +106,14 @@ def options(*dests: str, **overrides: dict[str, Any]) -> Callable:
 
 
 def plan_options(kw: dict[str, Any]) -> PlanOptions:
-    """PlanOptions from a command's parsed settings."""
-    return PlanOptions(**{f: kw[f] for f in PlanOptions.__dataclass_fields__})
+    """PlanOptions from a command's parsed settings; a value out of its bounds is a
+    usage error (exit 2) naming the option, never a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return PlanOptions(**{f: kw[f] for f in PlanOptions.__dataclass_fields__})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        dest = str(first["loc"][0]) if first.get("loc") else "?"
+        flag = SETTINGS[dest].flag if dest in SETTINGS else "--" + dest.replace("_", "-")
+        raise click.BadParameter(first["msg"], param_hint=f"'{flag}'") from None
