@@ -168,6 +168,13 @@ def test_verdict_moves_the_peak_back_to_the_rank_and_fails_on_an_oom(inputs):
     assert oom["ok"] is False and oom["cases_ok"] == ["48k"]
     no_start = rank_fit.judge(doc, rank, {"start": {"error": "ValueError: Free memory"}}, b)
     assert no_start["ok"] is False
+    # Every prefill finished, but only because the ballast left headroom: the
+    # peak, as the rank, is more than a 3090 has free.
+    roomy = worker_record()
+    roomy["start"]["driver_peak"] = doc["card_free_bytes"] + b["slice_extra"] + 1
+    over = rank_fit.judge(doc, rank, roomy, b)
+    assert over["cases_ok"] == ["48k", "4x60k", "262k"] and over["ok"] is False
+    assert over["margin_bytes"] < 0
 
 
 def test_merge_writes_the_issues_fields_and_fails_when_a_rank_failed(inputs, tmp_path, capsys):
