@@ -183,6 +183,7 @@ def run(args) -> int:
     rank = doc["ranks"][args.rank]
     b = budget(doc, rank, args.headroom)
     argv = [a.replace("@SLICE@", str(args.inputs)) for a in rank["argv"]]
+    argv += args.extra_arg  # a diagnosis's flags (e.g. --no-enable-flashinfer-autotune), recorded
     table = write_sparse_table(doc["table"]) if rank["ple_layer_ids"] else None
     max_model_len = int(argv[argv.index("--max-model-len") + 1])
     spec = {
@@ -224,6 +225,7 @@ def run(args) -> int:
     record = judge(doc, rank, worker, b)
     record.update({"run_id": args.run_id, "ballast": held, "table": table, "host": host_facts()})
     record["diagnosis_env"] = record_env
+    record["diagnosis_args"] = args.extra_arg
     args.out.mkdir(parents=True, exist_ok=True)
     dest = args.out / f"rank_fit-{args.run_id}-rank{rank['rank']}.json"
     dest.write_text(json.dumps(record, indent=2) + "\n")
@@ -286,6 +288,9 @@ def main() -> int:
     r.add_argument("--work", type=Path, default=Path("/root/rank_fit/work"))
     r.add_argument("--timeout", type=float, default=520.0, help="seconds for the worker")
     r.add_argument("--headroom", type=int, default=0, help="bytes beyond the 3090's (measuring)")
+    r.add_argument(
+        "--extra-arg", action="append", default=[], help="a vLLM flag added to the plan's argv"
+    )
     m = sub.add_parser("merge")
     m.add_argument("--run-id", required=True)
     m.add_argument("--results", type=Path, default=HERE / "results")

@@ -61,7 +61,12 @@ class NvmlPeak:
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.baseline = self.used()  # before this process's CUDA context
         self.peak = self.baseline
-        self.rises: list[tuple[str, int]] = []  # (wall clock, ours) each 256 MiB up
+        # Each 256 MiB rise of NVML's count: its wall clock, our bytes, the
+        # torch allocator's reserved bytes then (NVML above reserved is memory
+        # outside the allocator: context, libraries, driver mappings) and what
+        # the main thread, where the in-process engine runs, was doing.
+        self.rises: list[dict[str, Any]] = []
+        self._main = threading.main_thread().ident
         self._logged = self.baseline
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -74,10 +79,19 @@ class NvmlPeak:
         while not self._stop.is_set():
             used = self.used()
             if used > self._logged + RISE_BYTES:
-                self.rises.append((time.strftime("%H:%M:%S"), self.ours(used)))
+                self.rises.append(self._rise(used))
                 self._logged = used
             self.peak = max(self.peak, used)
             time.sleep(SAMPLE_S)
+
+    def _rise(self, used: int) -> dict[str, Any]:
+        rise: dict[str, Any] = {"at": time.strftime("%H:%M:%S"), "ours": self.ours(used)}
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            rise["reserved"] = int(torch.cuda.memory_reserved())
+        frame = sys._current_frames().get(self._main)
+        rise["stack"] = main_thread_stack(frame)
+        return rise
 
     def reset(self) -> None:
         self.peak = self.used()
@@ -89,6 +103,23 @@ class NvmlPeak:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+STACK_FRAMES = 8  # innermost frames of vLLM and its kernels' libraries kept per rise
+STACK_PACKAGES = ("vllm/", "flashinfer/", "humming", "torch/cuda", "torch/_ops")
+
+
+def main_thread_stack(frame) -> list[str]:
+    """The innermost frames of `frame`'s stack that belong to the engine's
+    packages, as 'package/file.py:line function', innermost first."""
+    kept: list[str] = []
+    while frame is not None and len(kept) < STACK_FRAMES:
+        path = frame.f_code.co_filename
+        hit = next((path[path.rindex(p) :] for p in STACK_PACKAGES if p in path), None)
+        if hit:
+            kept.append(f"{hit}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    return kept
 
 
 def engine_args(argv: list[str]):
