@@ -39,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# The run whose per-rank files stand for today's plan (checks/gpu/RESULTS.md);
+# a test fails when the plan no longer is the one that run measured.
+RUN_OF_RECORD = "r7"
+INPUTS_ON_HOST = "/root/rank_fit/inputs"  # where run-rank-fit puts rank_slice's output
 NEW_TOKENS = 2
 # Prompt ids inside the vocabulary (248,320), clear of the special tokens at
 # its top (248,044 and up).

@@ -243,3 +243,39 @@ def test_vllm_builds_each_slices_config_from_its_argv(inputs):
         assert "FULL_DECODE_ONLY" in g["graphs"]
     assert (got[0]["ple"], got[0]["mmap"]) == ([2], rank_slice.DEVICE_TABLE)
     assert (got[1]["ple"], got[1]["mmap"]) == ([], None)
+
+
+def recorded_argv_as_planned(argv: list[str]) -> list[str]:
+    """A run's argv less the worker's own changes: the utilization restated as
+    this GPU's share (a start-up gate only, the KV bytes are explicit) and the
+    GDN prefill backend a 3090 takes."""
+    argv = list(argv)
+    i = argv.index("--gpu-memory-utilization")
+    del argv[i : i + 2]
+    j = argv.index("--additional-config")
+    assert json.loads(argv[j + 1]) == {"gdn_prefill_backend": "triton"}
+    del argv[j : j + 2]
+    return argv
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_the_run_of_record_measured_todays_plan_and_the_rank_fits(inputs, rank):
+    """The GPU evidence for issue 12 stands for the plan only while the plan
+    is the one it measured: a change to the weights per rank, the KV bytes or
+    the argv fails here until `checks/gpu/run-rank-fit` is run again."""
+    _, doc = inputs
+    planned = doc["ranks"][rank]
+    path = HERE / "results" / f"rank_fit-{rank_fit.RUN_OF_RECORD}-rank{rank}.json"
+    record = json.loads(path.read_text())
+    assert record["planned_bytes"] == planned["planned"]["committed_bytes"]
+    assert record["kv_cache_memory_bytes"] == doc["kv_cache_memory_bytes"]
+    assert record["card_free_bytes"] == doc["card_free_bytes"]
+    assert record["budget"] == rank_fit.budget(doc, planned)  # the ballast as planned, no headroom
+    expected = [a.replace("@SLICE@", rank_fit.INPUTS_ON_HOST) for a in planned["argv"]]
+    ran = recorded_argv_as_planned(record["worker"]["argv"])
+    i = expected.index("--gpu-memory-utilization")
+    assert ran == expected[:i] + expected[i + 2 :]
+    assert record["ok"] is True
+    assert record["cases_ok"] == [c["name"] for c in rank_fit.cases(0)]
+    assert record["peak_bytes"] <= record["card_free_bytes"]
+    assert record["qsa_host_bytes"] == record["qsa_host_bytes_planned"]
