@@ -15,16 +15,20 @@ and nowhere else). What it adds to that rank:
 
 `fit_mtp` compares that with the rank's headroom and says, when it does not
 fit, by how much and what is missing; `max_context_tokens` is how many
-tokens of drafter K/V the headroom left after the weights would hold.
+tokens of drafter K/V the headroom left after the weights would hold. What
+the drafter would gain, fit or not, is plan/mtp_projection.py's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashnext.plan.qsa_sizing import QsaShape, kv_bytes_per_token
 from flashnext.units import gib
+
+if TYPE_CHECKING:
+    from flashnext.plan.mtp_projection import MtpProjection
 
 MTP_PREFIX = "mtp."
 ROUTED = ".mlp.experts."
@@ -58,9 +62,11 @@ class MtpFit:
     tokens: int
     max_context_tokens: int
     reason: str
+    projection: MtpProjection | None = None
+    """What it would gain in single-stream decode, on paper (None: no MTP tensors)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "fits": self.fits,
             "rank": self.rank,
             "placed_bytes": dict(self.placed_bytes),
@@ -70,6 +76,9 @@ class MtpFit:
             "max_context_tokens": self.max_context_tokens,
             "reason": self.reason,
         }
+        if self.projection is not None:
+            doc["projection"] = self.projection.to_json()
+        return doc
 
 
 def int4_bytes(bf16_bytes: int) -> int:

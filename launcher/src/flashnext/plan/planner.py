@@ -14,6 +14,7 @@ and a one-line reason; user input beats derivation.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from flashnext.facts.model_derived import (
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
 from flashnext.plan.mtp import MtpFit, fit_mtp, mtp_needs
+from flashnext.plan.mtp_projection import StepCost, drafter_bytes_per_step, lm_head_bytes, project_mtp
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
 from flashnext.plan.placement import place_tensor
@@ -365,7 +367,11 @@ def _plan(
     )
     topology_env, env_reasons = nccl_env(facts, profile)
     env = serve_env(profile, options, qsa, topology_env)
-    mtp = _mtp_fit(model, profile, rank_plans[-1], max_len.value) if profile.mtp.enabled else None
+    mtp = (
+        _mtp_fit(model, profile, rank_plans[-1], max_len.value, decode)
+        if profile.mtp.enabled
+        else None
+    )
     return Plan(
         profile=profile.name,
         profile_reason=profile_reason,
@@ -387,14 +393,37 @@ def _plan(
     )
 
 
-def _mtp_fit(model: ModelFacts, profile: Profile, last: RankPlan, max_model_len: int) -> MtpFit:
-    """The drafter on the last rank, in what that rank's plan leaves free."""
-    needs = mtp_needs(model.tensor_bytes_by_class(), model.text_config)
+def _mtp_fit(
+    model: ModelFacts, profile: Profile, last: RankPlan, max_model_len: int, decode: DecodeRoofline
+) -> MtpFit:
+    """The drafter on the last rank, in what that rank's plan leaves free, and what it
+    would gain under the decode roofline at the profile's cited acceptance rate."""
+    by_class = model.tensor_bytes_by_class()
+    needs = mtp_needs(by_class, model.text_config)
     tokens = profile.scheduler.max_num_seqs * max_model_len
     if needs is None:
         return MtpFit(False, last.rank, {}, last.headroom_bytes, tokens, 0,
                       "the checkpoint has no MTP tensors (mtp.*)")  # fmt: skip
-    return fit_mtp(needs, rank=last.rank, headroom_bytes=last.headroom_bytes, tokens=tokens)
+    fit = fit_mtp(needs, rank=last.rank, headroom_bytes=last.headroom_bytes, tokens=tokens)
+    cost = StepCost(
+        target_dense_bytes=decode.dense_bytes,
+        target_routed_bytes_per_token=decode.bytes_per_token - decode.dense_bytes,
+        drafter_bytes=drafter_bytes_per_step(
+            needs,
+            lm_head_bytes=lm_head_bytes(by_class),
+            experts_per_token=decode.experts_per_token,
+            num_experts=decode.num_experts,
+        ),
+        bandwidth_bytes_per_s=decode.bandwidth_bytes_per_s,
+    )
+    spec = profile.mtp
+    projection = project_mtp(
+        cost,
+        acceptance_rate=spec.acceptance_rate,
+        acceptance_source=spec.acceptance_source,
+        num_speculative_tokens=spec.num_speculative_tokens,
+    )
+    return dataclasses.replace(fit, projection=projection)
 
 
 def _kv_cache_bytes(

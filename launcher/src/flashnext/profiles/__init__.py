@@ -4,7 +4,7 @@ A profile says what hardware it is for (matched against HostFacts) and the
 serving settings that were measured to work on it. Loading validates every
 field so a typo in a TOML is an error here, not a surprise in vLLM.
 
-Sections [table], [vllm] and [checkpoint] and the key `auto_select` are
+Sections [table], [vllm], [checkpoint] and [mtp] and the key `auto_select` are
 optional: a profile without them gets the defaults below.
 """
 
@@ -15,7 +15,16 @@ from dataclasses import field
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass
 
 from flashnext.facts.schema import GpuDevice, HostFacts
@@ -134,6 +143,22 @@ class MtpSpec:
     the last PP rank (plan/mtp.py) and passes --speculative-config only if it fits."""
     num_speculative_tokens: Positive = 1
     """Draft tokens per step (vLLM's num_speculative_tokens)."""
+    acceptance_rate: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
+    """Chance that one draft token is accepted, in [0, 1], for the on-paper projection of
+    MTP's gain (plan/mtp_projection.py); a figure read in a public source, never a guess.
+    None: no cited rate, and the plan projects nothing."""
+    acceptance_source: StrictStr | None = None
+    """Where acceptance_rate was read (address and the figure as written there);
+    required with acceptance_rate."""
+
+    @model_validator(mode="after")
+    def _rate_has_a_source(self) -> MtpSpec:
+        if (self.acceptance_rate is None) != (not self.acceptance_source):
+            raise ValueError(
+                "acceptance_rate and acceptance_source go together: a rate needs the "
+                "address it was read at, a source needs its rate"
+            )
+        return self
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
@@ -170,7 +195,12 @@ REQUIRED_SECTIONS = {
     "compilation": CompilationSpec,
     "qsa_offload": QsaOffloadSpec,
 }
-OPTIONAL_SECTIONS = {"table": TableSpec, "vllm": VllmSpec, "checkpoint": CheckpointSpec}
+OPTIONAL_SECTIONS = {
+    "table": TableSpec,
+    "vllm": VllmSpec,
+    "checkpoint": CheckpointSpec,
+    "mtp": MtpSpec,
+}
 # What a value outside its choices means, said the way the profile spells it.
 _CHOICES = {
     ("qsa_offload", "host_pinning"): "qsa_offload.host_pinning must be 'exact' or 'pow2'",
@@ -188,7 +218,9 @@ def _explain(exc: ValidationError, section: str | None) -> str:
     missing, unknown, values = [], [], []
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else "?"
-        if err["type"] in ("missing", "missing_argument"):
+        if not err["loc"]:  # a check across fields says what clashes itself
+            values.append(f"{section or 'profile'}: {err['msg'].removeprefix('Value error, ')}")
+        elif err["type"] in ("missing", "missing_argument"):
             missing.append(key)
         elif err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             unknown.append(key)
