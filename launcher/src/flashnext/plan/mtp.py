@@ -22,16 +22,15 @@ the drafter would gain, fit or not, is plan/mtp_projection.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from flashnext.plan.mtp_projection import MtpProjection
 from flashnext.plan.qsa_sizing import QsaShape, kv_bytes_per_token
 from flashnext.units import gib
 
-if TYPE_CHECKING:
-    from flashnext.plan.mtp_projection import MtpProjection
-
 MTP_PREFIX = "mtp."
 ROUTED = ".mlp.experts."
+LM_HEAD_PREFIX = "lm_head."
 GROUP = 128  # INT4 g128, the scheme the target's experts use
 BF16_BYTES = 2
 
@@ -119,6 +118,26 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
         embed_bytes=int(text_config["vocab_size"]) * int(text_config["hidden_size"]) * BF16_BYTES,
         kv_bytes_per_token=kv_bytes_per_token(shape) + pooled,
     )
+
+
+def drafter_bytes_per_step(
+    needs: MtpNeeds, *, head_bytes: int, experts_per_token: int, num_experts: int
+) -> int:
+    """Weights one drafter step reads: its layer's dense part, fc/norms/mixer, one token's
+    routed experts as INT4 (as `checkpoint mtp-int4` would leave them when stored BF16),
+    and the shared LM head. Its embedding row is left out, as the roofline leaves the
+    target's."""
+    routed = (
+        int4_bytes(needs.routed_expert_bytes) if needs.experts_bf16 else needs.routed_expert_bytes
+    )
+    per_token = routed * experts_per_token // max(num_experts, 1)
+    dense = needs.layer_bytes - needs.routed_expert_bytes
+    return dense + needs.other_bytes + per_token + head_bytes
+
+
+def lm_head_bytes(bytes_by_class: dict[str, int]) -> int:
+    """The target's LM head as stored (all its tensors: packed weight, scales)."""
+    return sum(n for name, n in bytes_by_class.items() if name.startswith(LM_HEAD_PREFIX))
 
 
 def fit_mtp(needs: MtpNeeds, *, rank: int, headroom_bytes: int, tokens: int) -> MtpFit:

@@ -28,8 +28,8 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
-from flashnext.plan.mtp import MtpFit, fit_mtp, mtp_needs
-from flashnext.plan.mtp_projection import StepCost, drafter_bytes_per_step, lm_head_bytes, project_mtp
+from flashnext.plan.mtp import MtpFit, drafter_bytes_per_step, fit_mtp, lm_head_bytes, mtp_needs
+from flashnext.plan.mtp_projection import StepCost, project_mtp
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
 from flashnext.plan.placement import place_tensor
@@ -410,7 +410,7 @@ def _mtp_fit(
         target_routed_bytes_per_token=decode.bytes_per_token - decode.dense_bytes,
         drafter_bytes=drafter_bytes_per_step(
             needs,
-            lm_head_bytes=lm_head_bytes(by_class),
+            head_bytes=lm_head_bytes(by_class),
             experts_per_token=decode.experts_per_token,
             num_experts=decode.num_experts,
         ),
