@@ -771,13 +771,14 @@ def model(inp: PreflightInput) -> Iterator[Finding]:
 
 
 def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
-    m = inp.model
-    groups = (m.quantization_config or {}).get("config_groups") or {}
-    owners: dict[str, list[str]] = {}
-    for name, group in groups.items():
-        for target in group.get("targets") or ():
-            owners.setdefault(target, []).append(name)
-    shared = {t: g for t, g in owners.items() if len(g) > 1}
+    """The duplicate-target half of `checkpoint check`: vLLM's scheme map as
+    SchemeMap builds it, without reading the stored modules (0.6 s of plan time)."""
+    # Here, not at the top: flashnext.checkpoint imports this package (its Finding).
+    from flashnext.checkpoint import SchemeMap
+
+    qcfg = inp.model.quantization_config or {}
+    groups = qcfg.get("config_groups") or {}
+    shared = SchemeMap.from_config(qcfg).duplicates
     if shared:
         target, names = next(iter(sorted(shared.items())))
         yield Finding(
