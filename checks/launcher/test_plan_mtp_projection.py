@@ -92,7 +92,7 @@ def test_drafter_step_reads_int4_experts_of_one_token_and_the_lm_head(full_model
     by_class = full_model.tensor_bytes_by_class()
     n = mtp_needs(by_class, full_model.text_config)
     head = lm_head_bytes(by_class)
-    # The INT4 AutoRound LM head: 248,320 x 2560 packed at 4 bits, plus its scales.
+    # The INT8 g128 LM head: 248,320 x 2560 bytes packed, BF16 scales per 128, its shape.
     assert head == 635_699_200 + 9_932_800 + 16
     got = drafter_bytes_per_step(n, head_bytes=head, experts_per_token=10, num_experts=512)
     routed = int4_bytes(n.routed_expert_bytes) * 10 // 512
