@@ -120,7 +120,7 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
         lambda f: _first_gpu(f, memory_total_bytes=12 * GIB, memory_free_bytes=12 * GIB),
         "gpu0.vram",
         "fail",
-        ("kv.capacity", "rank0.vram", "rank1.vram", "rank2.vram"),
+        ("kv.capacity", "rank0.vram", "rank1.vram", "rank2.vram", "rank0.start"),
     ),
     "old_arch": (
         lambda f: _first_gpu(f, compute_capability="7.5"),
@@ -140,6 +140,14 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
         lambda f: _first_gpu(f, memory_free_bytes=20 * GIB),
         "gpu0.idle",
         "fail",
+        ("rank0.start",),
+    ),
+    # 25.05 GB free: enough for vLLM's utilization (0.97 x 24 GiB = 25.00 GB), not
+    # for rank 0's measured start (25.13 GB), e.g. a display server on the card.
+    "gpu0_short_of_the_start_peak": (
+        lambda f: _first_gpu(f, memory_free_bytes=25_050_000_000),
+        "rank0.start",
+        "warn",
         (),
     ),
     "pcie_x8": (lambda f: _first_gpu(f, pcie_width_max=8), "gpu0.pcie", "warn", ()),

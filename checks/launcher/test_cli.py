@@ -241,7 +241,7 @@ def test_dry_run_with_a_failed_check_prints_the_failures_then_the_command(full_s
         "fix host.memlock: raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; "
         "podman/docker: --ulimit memlock=-1:-1)"
     )
-    assert lines[-2] == "preflight: 1 failed, 0 warnings, 31 ok"
+    assert lines[-2] == "preflight: 1 failed, 0 warnings, 34 ok"
     _, argv = split_shell_line(lines[-1])
     assert argv[1:3] == ["serve", str(full_skeleton)]
     assert result.stderr == (

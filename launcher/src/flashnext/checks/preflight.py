@@ -645,7 +645,38 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
                 measured_bytes=r.committed_bytes,
                 required_bytes=r.vram_usable_bytes,
             )
+    yield from _start_peaks(inp)
     yield from _mtp_fit(inp)
+
+
+def _start_peaks(inp: PreflightInput) -> Iterator[Finding]:
+    """Each card's free memory against what its rank was measured to take while
+    starting (the profile's rank-fit figures; the plan's budget does not hold the
+    load-time repack). A warning: the figures are an H200's, an upper bound."""
+    peaks = inp.profile.memory.measured_start_peak_bytes
+    devices = sorted(inp.facts.gpu.devices, key=lambda d: d.index)
+    if not peaks or len(peaks) != len(inp.plan.ranks) or len(devices) < len(peaks):
+        return
+    for rank, (peak, d) in enumerate(zip(peaks, devices, strict=False)):
+        tag = f"rank{rank}.start"
+        if d.memory_free_bytes >= peak:
+            yield _ok(tag, f"GPU {d.index}: {gib(d.memory_free_bytes)} free", f">= {gib(peak)}",
+                      f"start peak measured {gib(peak)}",
+                      measured_bytes=d.memory_free_bytes, required_bytes=peak)  # fmt: skip
+            continue
+        yield Finding(
+            tag,
+            "warn",
+            f"GPU {d.index}: {gib(d.memory_free_bytes)} free",
+            f">= {gib(peak)}",
+            f"rank {rank} was measured to take up to {gib(peak)} while loading (vLLM's MoE "
+            f"repack, checks/gpu/RESULTS.md run r7); GPU {d.index} has "
+            f"{gib(d.memory_free_bytes)} free, so the start may run out of memory",
+            f"free memory on GPU {d.index} (nvidia-smi lists what holds it: a display server "
+            "or another process)",
+            measured_bytes=d.memory_free_bytes,
+            required_bytes=peak,
+        )
 
 
 def _mtp_fit(inp: PreflightInput) -> Iterator[Finding]:

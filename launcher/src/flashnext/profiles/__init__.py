@@ -88,6 +88,10 @@ class MemorySpec:
     host_overhead_bytes: Bytes
     """Host RAM for processes, page tables and staging, beyond the pinned pools."""
     min_shm_bytes: Bytes
+    measured_start_peak_bytes: tuple[Bytes, ...] | None = None
+    """Per PP rank: the most memory the rank was seen to take while starting, in a
+    rank-fit run of its full-width slice (checks/gpu/RESULTS.md). Preflight warns
+    when a card has less free; None: no such run for this profile."""
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
