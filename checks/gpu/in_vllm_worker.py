@@ -55,7 +55,27 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         }
     if spec.get("table"):
         kwargs["engram_config"] = {"mmap_path": spec["table"]}
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = spec["speculative_config"]
+        kwargs["disable_log_stats"] = False  # the spec-decode counters (LLM.get_metrics)
     return kwargs
+
+
+SPEC_DECODE_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def spec_decode_counts(metrics) -> dict[str, int]:
+    """vLLM's spec-decode counters (v1/spec_decode/metrics.py), summed over engines."""
+    counts = dict.fromkeys(SPEC_DECODE_COUNTERS.values(), 0)
+    for metric in metrics:
+        key = SPEC_DECODE_COUNTERS.get(metric.name.removesuffix("_total"))
+        if key is not None and hasattr(metric, "value"):
+            counts[key] += int(metric.value)
+    return counts
 
 
 def install_selection_permutation() -> None:
@@ -137,7 +157,7 @@ def record(outputs) -> list[dict[str, Any]]:
                 ],
                 "prompt_logprobs": [
                     None if step is None else {str(t): lp.logprob for t, lp in step.items()}
-                    for step in out.prompt_logprobs
+                    for step in out.prompt_logprobs or []
                 ],
             }
         )
@@ -193,9 +213,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     startup_s = time.perf_counter() - started
     params = SamplingParams(
         temperature=0,
-        max_tokens=MAX_NEW_TOKENS,
+        max_tokens=spec.get("max_new_tokens", MAX_NEW_TOKENS),
         logprobs=TOP_K,
-        prompt_logprobs=TOP_K,
+        prompt_logprobs=TOP_K if spec.get("prompt_logprobs", True) else None,
         detokenize=False,
     )
     cases: dict[str, list[dict[str, Any]]] = {}
@@ -204,9 +224,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             [{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False
         )
         cases[case] = record(outputs)
+    # Before the timed runs, so the counts are those of the compared cases.
+    spec_decode = spec_decode_counts(llm.get_metrics()) if spec.get("speculative_config") else None
     gather.take()
     timing = [time_decode(llm, batch, gather) for batch in spec.get("timed_batches", [])]
     return {
+        "spec_decode": spec_decode,
         "run": spec["run"],
         "startup_s": startup_s,
         "ple_gather_hooked": gather_hooked,

@@ -307,3 +307,34 @@ def test_flashnext_table_prepare_takes_its_shards(checkpoint: Path, tmp_path: Pa
         for r in (0, 50, 51, 52, rows.shape[0] - 1):
             at = (r // per_page) * 4096 + (r % per_page) * row_bytes
             assert data[at : at + row_bytes] == flat[r * row_bytes : (r + 1) * row_bytes], r
+
+
+def test_the_mtp_equality_engines_are_one_with_the_drafter_and_one_without(
+    checkpoint: Path, vllm_tree
+):
+    """checks/gpu/mtp_equality.py's two engines, as the worker builds them, through
+    vLLM's own EngineArgs: only mtp-on drafts, with the checkpoint's MTP layer."""
+    from types import SimpleNamespace
+
+    if vllm_tree.kind == "stock":
+        pytest.skip("the GPU run's engines are the patched tree's (the PLE table file is 0012's)")
+
+    import mtp_equality
+    from in_vllm_worker import engine_kwargs
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = SimpleNamespace(model=checkpoint, tables=checkpoint.parent / "tables",
+                           gpu_memory_utilization=0.05, speculative_tokens=2)  # fmt: skip
+    built = {}
+    for run in mtp_equality.runs():
+        spec = mtp_equality.engine_spec(run, args, {}, [1] * 10)
+        built[run.name] = EngineArgs(**engine_kwargs(spec)).create_engine_config()
+    for name in ("mtp-on", "timing-mtp-on"):
+        sc = built[name].speculative_config
+        assert (sc.method, sc.num_speculative_tokens) == ("mtp", 2)
+        assert sc.draft_model_config.hf_config.architectures == ["Qwen4ExpMTP"]
+    for name in ("mtp-off", "timing-mtp-off"):
+        assert built[name].speculative_config is None
+    for config in built.values():
+        assert config.engram_config.mmap_path == str(args.tables / "ple-packed.bin")
+        assert config.model_config.max_model_len == mtp_equality.in_vllm_ab.MAX_MODEL_LEN
