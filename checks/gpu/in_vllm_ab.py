@@ -271,17 +271,24 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def engine_run_parser(description: str) -> argparse.ArgumentParser:
+    """The options every run of worker engines on the tiny checkpoint takes
+    (this A/B, mtp_equality.py): what run-in-vllm passes, and the engines' limits."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--tables", type=Path, required=True)
     parser.add_argument("--kit", type=Path, default=Path("/root/kit"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--raw", type=Path, required=True)
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--parallel", type=int, default=5)
     parser.add_argument("--timeout", type=int, default=RUN_TIMEOUT_S)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
+    return parser
+
+
+def main() -> int:
+    parser = engine_run_parser(__doc__.splitlines()[0])
+    parser.add_argument("--parallel", type=int, default=5)
     parser.add_argument(
         "--phase",
         choices=("all", "ab", "timing"),

@@ -30,7 +30,6 @@ pinned torch 2.14: the JSON says which.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -160,16 +159,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--tables", type=Path, required=True)
-    parser.add_argument("--kit", type=Path, default=Path("/root/kit"))
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--raw", type=Path, required=True)
-    parser.add_argument("--run-id", required=True)
+    parser = in_vllm_ab.engine_run_parser(__doc__.splitlines()[0])
     parser.add_argument("--speculative-tokens", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=in_vllm_ab.RUN_TIMEOUT_S)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
