@@ -132,6 +132,8 @@ class MtpProjection:
     rows: tuple[ProjectionRow, ...]
     """Empty when there is no cited acceptance rate."""
     reason: str
+    cost: StepCost
+    """What a step reads: projection_table(cost, rates) gives the README's grid."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,7 +160,7 @@ def project_mtp(
     base = cost.tokens_per_s(0.0, 0)
     if acceptance_rate is None or not acceptance_source:
         return MtpProjection(None, None, num_speculative_tokens, base, cost.drafter_bytes,
-                             (), NO_CITED_RATE)  # fmt: skip
+                             (), NO_CITED_RATE, cost)  # fmt: skip
     ks = tuple(sorted({*PROJECTED_K, num_speculative_tokens}))
     rows = tuple(project_row(cost, acceptance_rate, k) for k in ks)
     mine = next(r for r in rows if r.num_speculative_tokens == num_speculative_tokens)
@@ -174,4 +176,4 @@ def project_mtp(
         "speedup is the projection, the tok/s an upper bound"
     )
     return MtpProjection(acceptance_rate, acceptance_source, num_speculative_tokens, base,
-                         cost.drafter_bytes, rows, reason)  # fmt: skip
+                         cost.drafter_bytes, rows, reason, cost)  # fmt: skip

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""MTP's single-stream decode on paper, over acceptance rates: the README's table.
+
+    python3 checks/bench/mtp_projection.py [--json]
+
+Plans the full-scale skeleton (`flashnext skeleton DIR --fixed-metadata`) on
+the replayed 3x3090 facts with the shipped profile, MTP switched on, and
+prints plan/mtp_projection.py's grid: tokens/s under the decode roofline for
+each acceptance rate and num_speculative_tokens, and the ratio to the
+roofline without MTP. A projection, not a measurement (the module says what
+it counts); the profile's cited rate is marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "launcher" / "src"))
+
+from flashnext.facts.model import read_model_facts  # noqa: E402
+from flashnext.facts.schema import host_facts_from_json  # noqa: E402
+from flashnext.plan.mtp_projection import PROJECTED_K, projection_table  # noqa: E402
+from flashnext.plan.planner import PlanOptions, plan  # noqa: E402
+from flashnext.profiles import available_profiles  # noqa: E402
+
+FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
+GRID = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    args = parser.parse_args()
+    shipped = available_profiles()["3x3090"]
+    profile = dataclasses.replace(shipped, mtp=dataclasses.replace(shipped.mtp, enabled=True))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "launcher" / "src")}
+    with tempfile.TemporaryDirectory(prefix="mtp-projection-") as tmp:
+        model_dir = Path(tmp) / "skeleton"
+        subprocess.run(
+            [sys.executable, "-m", "flashnext", "skeleton", str(model_dir), "--fixed-metadata"],
+            check=True, capture_output=True, env=env,
+        )  # fmt: skip
+        facts = host_facts_from_json(FACTS.read_text(), source=str(FACTS))
+        options = PlanOptions(model_dir=str(model_dir), table_path="/nvme/flashnext/ple-table.bin")
+        p = plan(facts, read_model_facts(model_dir), profile, options)
+    projection = p.mtp.projection
+    cited = projection.acceptance_rate
+    rates = tuple(sorted({*GRID, *(() if cited is None else (cited,))}))
+    rows = projection_table(projection.cost, rates)
+    if args.json:
+        doc = {"no_mtp_tokens_per_s": projection.no_mtp_tokens_per_s, "cited_rate": cited,
+               "source": projection.acceptance_source,
+               "rows": [{"acceptance_rate": a, **r.to_json()}
+                        for a, r in zip([a for a in rates for _ in PROJECTED_K], rows,
+                                        strict=True)]}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"roofline without MTP: {projection.no_mtp_tokens_per_s:.0f} tok/s; cited rate: {cited}")
+    print("| acceptance rate | " + " | ".join(f"k = {k}" for k in PROJECTED_K) + " |")
+    print("|---|" + "---|" * len(PROJECTED_K))
+    for i, a in enumerate(rates):
+        cells = rows[i * len(PROJECTED_K) : (i + 1) * len(PROJECTED_K)]
+        mark = " (cited)" if a == cited else ""
+        print(f"| {a}{mark} | " + " | ".join(
+            f"{r.tokens_per_s:.0f} tok/s (x{r.speedup:.2f})" for r in cells) + " |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
