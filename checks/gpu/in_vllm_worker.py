@@ -58,7 +58,29 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("speculative_config"):
         kwargs["speculative_config"] = spec["speculative_config"]
         kwargs["disable_log_stats"] = False  # the spec-decode counters (LLM.get_metrics)
+    if spec.get("cpu_offload"):  # vLLM's UVA weight offload: {"gb": G, "params": [segments]}
+        kwargs["cpu_offload_gb"] = spec["cpu_offload"]["gb"]
+        kwargs["cpu_offload_params"] = set(spec["cpu_offload"]["params"])
     return kwargs
+
+
+def uva_offloaded() -> dict[str, Any]:
+    """The parameters vLLM's UVA offloader left in pinned host memory, read in
+    place by the GPU (the engine runs in this process: no V1 multiprocessing)."""
+    import gc
+
+    import torch
+
+    params = [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, torch.nn.Parameter) and getattr(o, "_vllm_is_uva_offloaded", False)
+    ]
+    return {
+        "params": len(params),
+        "bytes": sum(p.numel() * p.element_size() for p in params),
+        "shapes": sorted(list(p.shape) for p in params),
+    }
 
 
 SPEC_DECODE_COUNTERS = {
@@ -216,6 +238,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         max_tokens=spec.get("max_new_tokens", MAX_NEW_TOKENS),
         logprobs=TOP_K,
         prompt_logprobs=TOP_K if spec.get("prompt_logprobs", True) else None,
+        ignore_eos=bool(spec.get("ignore_eos", False)),
         detokenize=False,
     )
     cases: dict[str, list[dict[str, Any]]] = {}
@@ -234,6 +257,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "startup_s": startup_s,
         "ple_gather_hooked": gather_hooked,
         "peak_vram_bytes": torch.cuda.max_memory_allocated(),
+        "vram_allocated_bytes": torch.cuda.memory_allocated(),
+        "uva_offloaded": uva_offloaded() if spec.get("cpu_offload") else None,
         "mean_top1_logprob": mean_top1_logprob([r for rs in cases.values() for r in rs]),
         "cases": cases,
         "timing": timing,

@@ -1,31 +1,38 @@
 """MTP inside vLLM 0.33.0 on a GPU (issue 16): greedy output with MTP equals it without.
 
     python checks/gpu/mtp_equality.py --model DIR --tables DIR --kit /root/kit \\
-        --out OUT_DIR --raw RAW_DIR --run-id N [--speculative-tokens 2]
+        --out OUT_DIR --raw RAW_DIR --run-id N [--speculative-tokens 1 2]
 
-Two engines of the patched tree (checks/gpu/kit) on a tiny checkpoint with one
-MTP layer (checks/gpu/tiny_model.py), each its own process
-(in_vllm_worker.py), with the 3x3090 profile's scheduler, FULL_DECODE_ONLY
-graphs, PLE from the packed table and QSA K/V in VRAM:
+Engines of the patched tree (checks/gpu/kit) on a tiny checkpoint with one
+MTP layer (checks/gpu/tiny_model.py, its LM head narrowed to a few tokens by
+checks/gpu/narrow_head.py so that the drafter is right part of the time),
+each its own process (in_vllm_worker.py), with the 3x3090 profile's
+scheduler, FULL_DECODE_ONLY graphs and PLE from the packed table:
 
-  mtp-off  no speculative decoding
-  mtp-on   --speculative-config {"method": "mtp", "num_speculative_tokens": K}
+  mtp-off           no speculative decoding, QSA K/V in VRAM
+  mtp-on-kK         --speculative-config {"method": "mtp", "num_speculative_tokens": K}
+  mtp-off-offload   QSA K/V in host RAM (VLLM_QSA_KV_OFFLOAD, patch 0022)
+  mtp-on-offload-kK the 3x3090 serving setup: QSA K/V in host RAM, MTP, and the
+                    drafter's routed experts and embedding in pinned host memory
+                    (--cpu-offload-gb / --cpu-offload-params with the kit's own
+                    segments, flashnext.plan.mtp.drafter_offload_params; patch 0031)
 
-Prompts of 100 and 3,000 random ids at batch 1 and 4, greedy, NEW_TOKENS new
-tokens each. A case is equal when every request's generated ids are the same
-token for token. Where they part, the row gives the position and mtp-off's
-margin between its two best logprobs there: a margin near zero is a
-numerical near-tie (the verify pass scores k + 1 tokens at once), a wide one
-a wrong token. Acceptance is vLLM's own count, accepted / drafted tokens.
-The two engines are then timed alone at batch 1 (3,000-token prompt, 128
-decoded tokens) and the decode ratio printed.
+Each mtp-on engine is compared with the mtp-off engine of the same K/V
+placement. Prompts of 100 and 3,000 random ids at batch 1 and 4, greedy,
+NEW_TOKENS new tokens each (EOS ignored). A case is equal when every
+request's generated ids are the same token for token. Where they part, the
+row gives the position and mtp-off's margin between its two best logprobs
+there: a margin near zero is a numerical near-tie (the verify pass scores
+k + 1 tokens at once), a wide one a wrong token. Acceptance is vLLM's own
+count, accepted / drafted tokens. Then mtp-off and each mtp-on-kK are timed
+alone at batch 1 (3,000-token prompt, 128 decoded tokens) and the decode
+ratio printed.
 
-Exit 0 when every case is equal and the acceptance is between 0.2 and 0.9:
-a drafter that is right only part of the time, so that both the accepted
-path and the rejections with their state rollback really run (a random
-drafter is rejected nearly always; train it first, e.g. on the target's
-own greedy outputs). This is our pinned vLLM on the host's torch, not the
-pinned torch 2.14: the JSON says which.
+Exit 0 when every case is equal, every mtp-on engine's acceptance is between
+0.2 and 0.9 (both the accepted path and the rejections with their state
+rollback really ran) and the serving-setup engine really read the drafter's
+weights from host memory. This is our pinned vLLM on the host's torch, not
+the pinned torch 2.14: the JSON says which.
 """
 
 from __future__ import annotations
@@ -33,38 +40,87 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "launcher" / "src"))
 
 import in_vllm_ab  # noqa: E402
+from flashnext.plan.mtp import drafter_offload_params  # noqa: E402
 from in_vllm_ab import Run  # noqa: E402
 
 PROMPT_LENGTHS = (100, 3000)
 NEW_TOKENS = 64  # enough steps for the acceptance count to mean something
 ACCEPTANCE_BAND = (0.2, 0.9)
+# --cpu-offload-gb for the serving-setup engine: a cap, not a size; the tiny
+# drafter's experts and embedding are a few MiB, the segments pick them.
+UVA_CAP_GIB = 1.0
 
 
-def runs() -> list[Run]:
-    compared = [Run(f"mtp-{arm}", "patched", "mtp", "full_decode_only", "packed")
-                for arm in ("off", "on")]  # fmt: skip
-    timed = [Run(f"timing-mtp-{arm}", "patched", "mtp", "full_decode_only", "packed",
-                 timed=True) for arm in ("off", "on")]  # fmt: skip
-    return compared + timed
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    speculative_tokens: int  # 0: no MTP
+    offload: bool  # QSA K/V in host RAM; with MTP also the drafter's experts + embedding
+    timed: bool = False
+
+    def run(self) -> Run:
+        return Run(self.name, "patched", "mtp", "full_decode_only", "packed",
+                   offload=self.offload, timed=self.timed)  # fmt: skip
 
 
-def engine_spec(run: Run, args, cases, timed_prompt) -> dict[str, Any]:
-    spec = in_vllm_ab.worker_spec(run, args, cases, [timed_prompt])
-    spec["timed_batches"] = [[timed_prompt]] if run.timed else []
+@dataclass(frozen=True)
+class Pair:
+    off: str
+    on: str
+
+
+def compared_arms(ks: list[int]) -> list[Arm]:
+    top = max(ks)
+    return (
+        [Arm("mtp-off", 0, False)]
+        + [Arm(f"mtp-on-k{k}", k, False) for k in ks]
+        + [Arm("mtp-off-offload", 0, True), Arm(f"mtp-on-offload-k{top}", top, True)]
+    )
+
+
+def timed_arms(ks: list[int]) -> list[Arm]:
+    return [Arm("timing-mtp-off", 0, False, timed=True)] + [
+        Arm(f"timing-mtp-on-k{k}", k, False, timed=True) for k in ks
+    ]
+
+
+def pairs(ks: list[int]) -> list[Pair]:
+    return [Pair("mtp-off", f"mtp-on-k{k}") for k in ks] + [
+        Pair("mtp-off-offload", f"mtp-on-offload-k{max(ks)}")
+    ]
+
+
+def text_config(model: Path) -> dict[str, Any]:
+    config = json.loads((Path(model) / "config.json").read_text())
+    return config.get("text_config", config)
+
+
+def engine_spec(arm: Arm, args, cases, timed_prompt) -> dict[str, Any]:
+    spec = in_vllm_ab.worker_spec(arm.run(), args, cases, [timed_prompt])
+    spec["timed_batches"] = [[timed_prompt]] if arm.timed else []
     spec["max_new_tokens"] = NEW_TOKENS
     spec["prompt_logprobs"] = False  # only the generated tokens are compared
-    if run.name.endswith("-on"):
+    spec["ignore_eos"] = True  # the narrowed head's tie token may be the EOS id
+    if arm.speculative_tokens:
         spec["speculative_config"] = {
             "method": "mtp",
-            "num_speculative_tokens": args.speculative_tokens,
+            "num_speculative_tokens": arm.speculative_tokens,
         }
+        if arm.offload:
+            text = text_config(args.model)
+            segments = drafter_offload_params(
+                int(text["num_hidden_layers"]), int(text.get("mtp_num_hidden_layers", 1))
+            )
+            spec["cpu_offload"] = {"gb": UVA_CAP_GIB, "params": list(segments)}
     return spec
 
 
@@ -98,9 +154,7 @@ def acceptance(record: dict[str, Any]) -> float | None:
     return counts.get("accepted_tokens", 0) / drafted if drafted else None
 
 
-def verdict(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    off, on = records.get("mtp-off", {}), records.get("mtp-on", {})
-    errors = {name: r["error"] for name, r in records.items() if "error" in r}
+def case_rows(off: dict[str, Any], on: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for case in sorted(off.get("cases", {}), key=lambda c: tuple(map(int, c.split("x")))):
         length, batch = (int(n) for n in case.split("x"))
@@ -109,24 +163,58 @@ def verdict(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             rows.append(row | {"equal": False, "why": "mtp-on has no result"})
             continue
         rows.append(row | compare_case(off["cases"][case], on["cases"][case]))
+    return rows
+
+
+def pair_verdict(pair: Pair, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    on = records.get(pair.on, {})
     rate = acceptance(on)
-    timed_off = records.get("timing-mtp-off", {}).get("timing") or [{}]
-    timed_on = records.get("timing-mtp-on", {}).get("timing") or [{}]
-    off_tok_s, on_tok_s = timed_off[0].get("decode_tok_s"), timed_on[0].get("decode_tok_s")
     low, high = ACCEPTANCE_BAND
-    return {
-        "cases": rows,
+    doc = {
+        "off": pair.off,
+        "on": pair.on,
+        "cases": case_rows(records.get(pair.off, {}), on),
         "spec_decode": on.get("spec_decode"),
         "acceptance": rate,
         "acceptance_in_band": rate is not None and low <= rate <= high,
-        "decode_tok_s": {"off": off_tok_s, "on": on_tok_s},
-        "decode_ratio_on_over_off": on_tok_s / off_tok_s if off_tok_s and on_tok_s else None,
+        "vram_allocated_bytes": {
+            "off": records.get(pair.off, {}).get("vram_allocated_bytes"),
+            "on": on.get("vram_allocated_bytes"),
+        },
+    }
+    if "offload" in pair.on:  # the drafter's weights must really have left VRAM
+        uva = on.get("uva_offloaded") or {}
+        doc["uva_offloaded"] = uva
+        doc["drafter_in_host_memory"] = uva.get("bytes", 0) > 0
+    doc["ok"] = (
+        bool(doc["cases"])
+        and all(r["equal"] for r in doc["cases"])
+        and doc["acceptance_in_band"]
+        and doc.get("drafter_in_host_memory", True)
+    )
+    return doc
+
+
+def decode_ratios(records: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, Any]:
+    def tok_s(name: str) -> float | None:
+        return ((records.get(name, {}).get("timing") or [{}])[0]).get("decode_tok_s")
+
+    off = tok_s("timing-mtp-off")
+    doc: dict[str, Any] = {"off_tok_s": off}
+    for k in ks:
+        on = tok_s(f"timing-mtp-on-k{k}")
+        doc[f"k{k}"] = {"on_tok_s": on, "on_over_off": on / off if on and off else None}
+    return doc
+
+
+def verdict(records: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, Any]:
+    errors = {name: r["error"] for name, r in records.items() if "error" in r}
+    verdicts = [pair_verdict(pair, records) for pair in pairs(ks)]
+    return {
+        "pairs": verdicts,
+        "decode": decode_ratios(records, ks),
         "errors": errors,
-        "ok": bool(rows)
-        and all(r["equal"] for r in rows)
-        and not errors
-        and rate is not None
-        and low <= rate <= high,
+        "ok": all(v["ok"] for v in verdicts) and not errors,
     }
 
 
@@ -135,33 +223,46 @@ def markdown(result: dict[str, Any]) -> str:
     host = result["host"]
     lines = [
         f"### MTP greedy equality, run {result['run_id']} ({host['gpu']}, torch {host['torch']}: "
-        f"{host['note']}), num_speculative_tokens {result['speculative_tokens']}",
-        "",
-        "| prompt tokens | batch | equal | where they part | mtp-off's top-2 margin there |",
-        "|---|---|---|---|---|",
+        f"{host['note']})",
     ]
-    for r in v["cases"]:
-        margin = "-" if r.get("margin") is None else f"{r['margin']:.3f}"
-        lines.append(f"| {r['prompt_tokens']} | {r['batch']} | {r['equal']} | "
-                     f"{r.get('why', '')} | {margin} |")  # fmt: skip
-    rate = "-" if v["acceptance"] is None else f"{v['acceptance']:.3f}"
-    ratio = v["decode_ratio_on_over_off"]
-    lines += [
-        "",
-        f"acceptance (accepted / drafted tokens): {rate}, band {ACCEPTANCE_BAND}: "
-        f"{v['acceptance_in_band']}; counts {v['spec_decode']}",
-        f"decode tok/s at batch 1, off / on: {v['decode_tok_s']['off']} / "
-        f"{v['decode_tok_s']['on']}; on/off {'-' if ratio is None else f'{ratio:.2f}'}",
-        f"errors: {v['errors'] or 'none'}",
-        f"ok: {v['ok']}",
-    ]
+    for p in v["pairs"]:
+        rate = "-" if p["acceptance"] is None else f"{p['acceptance']:.3f}"
+        lines += [
+            "",
+            f"#### {p['on']} vs {p['off']}",
+            "",
+            "| prompt tokens | batch | equal | where they part | mtp-off's top-2 margin there |",
+            "|---|---|---|---|---|",
+        ]
+        for r in p["cases"]:
+            margin = "-" if r.get("margin") is None else f"{r['margin']:.3f}"
+            lines.append(f"| {r['prompt_tokens']} | {r['batch']} | {r['equal']} | "
+                         f"{r.get('why', '')} | {margin} |")  # fmt: skip
+        lines += [
+            "",
+            f"acceptance (accepted / drafted tokens): {rate}, band {ACCEPTANCE_BAND}: "
+            f"{p['acceptance_in_band']}; counts {p['spec_decode']}",
+        ]
+        if "uva_offloaded" in p:
+            uva = p["uva_offloaded"]
+            lines.append(f"drafter weights in pinned host memory (UVA): {uva.get('params', 0)} "
+                         f"tensors, {uva.get('bytes', 0)} bytes")  # fmt: skip
+    d = v["decode"]
+    lines += ["", f"decode tok/s at batch 1 without MTP: {d['off_tok_s']}"]
+    for key, row in d.items():
+        if key.startswith("k"):
+            ratio = row["on_over_off"]
+            lines.append(f"with MTP {key}: {row['on_tok_s']}, on/off "
+                         f"{'-' if ratio is None else f'{ratio:.2f}'}")  # fmt: skip
+    lines += [f"errors: {v['errors'] or 'none'}", f"ok: {v['ok']}"]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = in_vllm_ab.engine_run_parser(__doc__.splitlines()[0])
-    parser.add_argument("--speculative-tokens", type=int, default=2)
+    parser.add_argument("--speculative-tokens", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
+    ks = sorted(set(args.speculative_tokens))
     args.out.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
 
@@ -170,23 +271,23 @@ def main() -> int:
     timed_prompt = in_vllm_ab.make_prompts(args.model, seed=1)[
         f"{in_vllm_ab.TIMED_PROMPT_TOKENS}x1"
     ][0]
-    specs = {run.name: engine_spec(run, args, cases, timed_prompt) for run in runs()}
-    by_name = {run.name: run for run in runs()}
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    compared, timed = compared_arms(ks), timed_arms(ks)
+    specs = {arm.name: engine_spec(arm, args, cases, timed_prompt) for arm in compared + timed}
+    with ThreadPoolExecutor(max_workers=len(compared)) as pool:
         futures = {
-            name: pool.submit(in_vllm_ab.launch, by_name[name], specs[name], args)
-            for name in ("mtp-off", "mtp-on")
+            arm.name: pool.submit(in_vllm_ab.launch, arm.run(), specs[arm.name], args)
+            for arm in compared
         }
         records = {name: f.result() for name, f in futures.items()}
-    for name in ("timing-mtp-off", "timing-mtp-on"):  # one at a time, alone on the GPU
-        records[name] = in_vllm_ab.launch(by_name[name], specs[name], args)
+    for arm in timed:  # one at a time, alone on the GPU
+        records[arm.name] = in_vllm_ab.launch(arm.run(), specs[arm.name], args)
     result = {
-        "schema_version": 1,
+        "schema_version": 2,
         "run_id": args.run_id,
         "host": in_vllm_ab.host_facts(args.kit),
-        "speculative_tokens": args.speculative_tokens,
+        "speculative_tokens": ks,
         "new_tokens": NEW_TOKENS,
-        "verdict": verdict(records),
+        "verdict": verdict(records, ks),
     }
     stem = f"mtp_equality-{args.run_id}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")

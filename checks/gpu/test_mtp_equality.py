@@ -25,50 +25,94 @@ def request(ids, margin=3.0):
     }
 
 
-def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4")):
-    return {
-        "mtp-off": {"cases": {c: [request(i) for i in off_ids] for c in cases}},
-        "mtp-on": {
-            "cases": {c: [request(i) for i in on_ids] for c in cases},
-            "spec_decode": counts,
-        },  # fmt: skip
-        "timing-mtp-off": {"timing": [{"decode_tok_s": 200.0}]},
-        "timing-mtp-on": {"timing": [{"decode_tok_s": 300.0}]},
+KS = [1, 2]
+
+
+def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4"), uva_bytes=4096):
+    """Records of every compared and timed engine of a run with K = 1 and 2."""
+    off = {"cases": {c: [request(i) for i in off_ids] for c in cases}}
+    on = {"cases": {c: [request(i) for i in on_ids] for c in cases}, "spec_decode": counts}
+    records = {"mtp-off": off, "mtp-off-offload": off,
+               "timing-mtp-off": {"timing": [{"decode_tok_s": 200.0}]}}  # fmt: skip
+    for k in KS:
+        records[f"mtp-on-k{k}"] = on
+        records[f"timing-mtp-on-k{k}"] = {"timing": [{"decode_tok_s": 200.0 + 100 * k}]}
+    records[f"mtp-on-offload-k{max(KS)}"] = on | {
+        "uva_offloaded": {"params": 7, "bytes": uva_bytes, "shapes": []}
     }
+    return records
 
 
 COUNTS = {"drafts": 40, "draft_tokens": 80, "accepted_tokens": 36}
 
 
-def test_only_the_on_engine_drafts_with_mtp():
-    args = SimpleNamespace(model="/m", tables=mtp_equality.Path("/t"), gpu_memory_utilization=0.05,
-                           speculative_tokens=3)  # fmt: skip
-    specs = {r.name: mtp_equality.engine_spec(r, args, {"100x1": [[1, 2]]}, [5] * 10)
-             for r in mtp_equality.runs()}  # fmt: skip
-    assert set(specs) == {"mtp-off", "mtp-on", "timing-mtp-off", "timing-mtp-on"}
-    mtp = {"method": "mtp", "num_speculative_tokens": 3}
-    assert specs["mtp-on"]["speculative_config"] == specs["timing-mtp-on"]["speculative_config"]
-    assert specs["mtp-on"]["speculative_config"] == mtp
-    assert "speculative_config" not in specs["mtp-off"]
-    for spec in specs.values():
+def spec_args(model):
+    return SimpleNamespace(model=model, tables=mtp_equality.Path("/t"),
+                           gpu_memory_utilization=0.05, speculative_tokens=KS)  # fmt: skip
+
+
+def tiny_model_dir(tmp_path, layers=8, mtp_layers=1):
+    config = {"text_config": {"num_hidden_layers": layers, "mtp_num_hidden_layers": mtp_layers}}
+    (tmp_path / "config.json").write_text(mtp_equality.json.dumps(config))
+    return tmp_path
+
+
+def test_each_mtp_engine_drafts_k_tokens_and_only_the_serving_one_offloads(tmp_path):
+    args = spec_args(tiny_model_dir(tmp_path))
+    arms = mtp_equality.compared_arms(KS) + mtp_equality.timed_arms(KS)
+    specs = {a.name: mtp_equality.engine_spec(a, args, {"100x1": [[1, 2]]}, [5] * 10) for a in arms}
+    assert set(specs) == {
+        "mtp-off", "mtp-on-k1", "mtp-on-k2", "mtp-off-offload", "mtp-on-offload-k2",
+        "timing-mtp-off", "timing-mtp-on-k1", "timing-mtp-on-k2",
+    }  # fmt: skip
+    for name, spec in specs.items():
+        k = int(name.rsplit("-k", 1)[1]) if "-on-" in name else 0
+        assert spec.get("speculative_config") == (
+            {"method": "mtp", "num_speculative_tokens": k} if k else None
+        ), name
         assert spec["graphs"] == "full_decode_only" and spec["table"].endswith("ple-packed.bin")
-        assert spec["max_new_tokens"] == mtp_equality.NEW_TOKENS
+        assert spec["max_new_tokens"] == mtp_equality.NEW_TOKENS and spec["ignore_eos"] is True
         assert spec["prompt_logprobs"] is False
-    assert specs["timing-mtp-on"]["cases"] == {} and specs["timing-mtp-on"]["timed_batches"]
-    assert specs["mtp-on"]["timed_batches"] == []
+        offloaded = spec["env"].get("VLLM_QSA_KV_OFFLOAD") == "1"
+        assert offloaded == ("offload" in name), name
+        # The drafter's weights go to host memory only where there is a drafter and
+        # the K/V are offloaded: the 3x3090 serving setup.
+        assert ("cpu_offload" in spec) == (name == "mtp-on-offload-k2"), name
+    # The kit's own segments: the drafter's layer is named after the target's 8.
+    assert specs["mtp-on-offload-k2"]["cpu_offload"]["params"] == [
+        "mtp.embed_tokens", "mtp.layers.8.mlp.experts",
+    ]  # fmt: skip
+    assert specs["timing-mtp-on-k1"]["cases"] == {} and specs["timing-mtp-on-k1"]["timed_batches"]
+    assert specs["mtp-on-k1"]["timed_batches"] == []
+
+
+def test_every_pair_compares_an_on_engine_with_the_off_engine_of_its_kv_placement():
+    assert [(p.off, p.on) for p in mtp_equality.pairs(KS)] == [
+        ("mtp-off", "mtp-on-k1"), ("mtp-off", "mtp-on-k2"),
+        ("mtp-off-offload", "mtp-on-offload-k2"),
+    ]  # fmt: skip
 
 
 def test_equal_ids_and_acceptance_in_the_band_pass():
-    v = mtp_equality.verdict(engines([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]], COUNTS))
+    v = mtp_equality.verdict(engines([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]], COUNTS), KS)
     assert v["ok"] is True
-    assert [r["equal"] for r in v["cases"]] == [True, True]
-    assert v["acceptance"] == pytest.approx(0.45)
-    assert v["decode_ratio_on_over_off"] == pytest.approx(1.5)
+    for pair in v["pairs"]:
+        assert [r["equal"] for r in pair["cases"]] == [True, True]
+        assert pair["acceptance"] == pytest.approx(0.45)
+    assert v["pairs"][-1]["drafter_in_host_memory"] is True
+    assert v["decode"]["k1"]["on_over_off"] == pytest.approx(1.5)
+    assert v["decode"]["k2"]["on_over_off"] == pytest.approx(2.0)
+
+
+def test_the_serving_setup_fails_when_no_drafter_weight_left_vram():
+    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2, 3]], COUNTS, uva_bytes=0), KS)
+    assert v["ok"] is False
+    assert [p["ok"] for p in v["pairs"]] == [True, True, False]
 
 
 def test_a_parting_names_the_position_and_the_margin_there():
-    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 9, 3]], COUNTS))
-    row = v["cases"][0]
+    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 9, 3]], COUNTS), KS)
+    row = v["pairs"][0]["cases"][0]
     assert v["ok"] is False and row["equal"] is False
     assert (row["request"], row["position"]) == (0, 1)
     assert row["margin"] == pytest.approx(3.0)
@@ -76,7 +120,7 @@ def test_a_parting_names_the_position_and_the_margin_there():
 
 
 def test_a_shorter_output_is_unequal():
-    row = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2]], COUNTS))["cases"][0]
+    row = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2]], COUNTS), KS)["pairs"][0]["cases"][0]
     assert row["equal"] is False and row["position"] == 2
 
 
@@ -89,17 +133,17 @@ def test_a_shorter_output_is_unequal():
     ],
 )
 def test_acceptance_outside_the_band_fails_even_when_equal(counts):
-    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2, 3]], counts))
-    assert all(r["equal"] for r in v["cases"])
+    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2, 3]], counts), KS)
+    assert all(r["equal"] for p in v["pairs"] for r in p["cases"])
     assert v["ok"] is False
 
 
 def test_a_failed_engine_fails_the_run():
     records = engines([[1, 2, 3]], [[1, 2, 3]], COUNTS)
-    records["mtp-on"] = {"run": "mtp-on", "error": "exit 1", "log_tail": []}
-    v = mtp_equality.verdict(records)
-    assert v["ok"] is False and v["errors"] == {"mtp-on": "exit 1"}
-    assert v["cases"][0]["why"] == "mtp-on has no result"
+    records["mtp-on-k2"] = {"run": "mtp-on-k2", "error": "exit 1", "log_tail": []}
+    v = mtp_equality.verdict(records, KS)
+    assert v["ok"] is False and v["errors"] == {"mtp-on-k2": "exit 1"}
+    assert v["pairs"][1]["cases"][0]["why"] == "mtp-on has no result"
 
 
 @dataclass
@@ -122,10 +166,13 @@ def test_the_workers_counts_sum_vllms_spec_decode_counters():
 
 def test_markdown_renders():
     result = {
-        "run_id": "t", "speculative_tokens": 2,
+        "run_id": "t",
         "host": {"gpu": "GPU", "torch": "2.11", "note": "note"},
-        "verdict": mtp_equality.verdict(engines([[1, 2, 3]], [[1, 9, 3]], COUNTS)),
+        "verdict": mtp_equality.verdict(engines([[1, 2, 3]], [[1, 9, 3]], COUNTS), KS),
     }  # fmt: skip
     text = mtp_equality.markdown(result)
+    assert "#### mtp-on-k1 vs mtp-off" in text
+    assert "#### mtp-on-offload-k2 vs mtp-off-offload" in text
     assert "| 100 | 1 | False | request 0, generated token 1" in text
     assert "acceptance (accepted / drafted tokens): 0.450" in text and "ok: False" in text
+    assert "drafter weights in pinned host memory (UVA): 7 tensors, 4096 bytes" in text

@@ -309,11 +309,13 @@ def test_flashnext_table_prepare_takes_its_shards(checkpoint: Path, tmp_path: Pa
             assert data[at : at + row_bytes] == flat[r * row_bytes : (r + 1) * row_bytes], r
 
 
-def test_the_mtp_equality_engines_are_one_with_the_drafter_and_one_without(
+def test_the_mtp_equality_engines_draft_only_where_asked_and_offload_the_drafter_once(
     checkpoint: Path, vllm_tree
 ):
-    """checks/gpu/mtp_equality.py's two engines, as the worker builds them, through
-    vLLM's own EngineArgs: only mtp-on drafts, with the checkpoint's MTP layer."""
+    """checks/gpu/mtp_equality.py's engines, as the worker builds them, through
+    vLLM's own EngineArgs: the mtp-on ones draft K tokens with the checkpoint's
+    MTP layer, and the serving-setup one asks vLLM's UVA offloader for the kit's
+    drafter segments."""
     from types import SimpleNamespace
 
     if vllm_tree.kind == "stock":
@@ -323,18 +325,25 @@ def test_the_mtp_equality_engines_are_one_with_the_drafter_and_one_without(
     from in_vllm_worker import engine_kwargs
     from vllm.engine.arg_utils import EngineArgs
 
+    ks = [1, 2]
     args = SimpleNamespace(model=checkpoint, tables=checkpoint.parent / "tables",
-                           gpu_memory_utilization=0.05, speculative_tokens=2)  # fmt: skip
+                           gpu_memory_utilization=0.05, speculative_tokens=ks)  # fmt: skip
     built = {}
-    for run in mtp_equality.runs():
-        spec = mtp_equality.engine_spec(run, args, {}, [1] * 10)
-        built[run.name] = EngineArgs(**engine_kwargs(spec)).create_engine_config()
-    for name in ("mtp-on", "timing-mtp-on"):
-        sc = built[name].speculative_config
-        assert (sc.method, sc.num_speculative_tokens) == ("mtp", 2)
-        assert sc.draft_model_config.hf_config.architectures == ["Qwen4ExpMTP"]
-    for name in ("mtp-off", "timing-mtp-off"):
-        assert built[name].speculative_config is None
-    for config in built.values():
+    for arm in mtp_equality.compared_arms(ks) + mtp_equality.timed_arms(ks):
+        spec = mtp_equality.engine_spec(arm, args, {}, [1] * 10)
+        built[arm.name] = (arm, EngineArgs(**engine_kwargs(spec)).create_engine_config())
+    for arm, config in built.values():
+        sc = config.speculative_config
+        if arm.speculative_tokens:
+            assert (sc.method, sc.num_speculative_tokens) == ("mtp", arm.speculative_tokens)
+            assert sc.draft_model_config.hf_config.architectures == ["Qwen4ExpMTP"]
+        else:
+            assert sc is None, arm.name
+        uva = config.offload_config.uva
+        if arm.name == "mtp-on-offload-k2":
+            assert uva.cpu_offload_gb > 0
+            assert uva.cpu_offload_params == {"mtp.embed_tokens", "mtp.layers.8.mlp.experts"}
+        else:
+            assert uva.cpu_offload_gb == 0 and not uva.cpu_offload_params, arm.name
         assert config.engram_config.mmap_path == str(args.tables / "ple-packed.bin")
         assert config.model_config.max_model_len == mtp_equality.in_vllm_ab.MAX_MODEL_LEN
