@@ -258,9 +258,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def launch_or_reuse(arm: Arm, spec: dict[str, Any], args) -> dict[str, Any]:
+    """With --reuse, an engine that already finished in this raw dir is read
+    back instead of run again: a run cut by the device's per-call limit goes on
+    where it stopped."""
+    done = args.raw / f"{arm.name}.out.json"
+    if args.reuse and done.exists():
+        return json.loads(done.read_text()) | {"reused": True}
+    return in_vllm_ab.launch(arm.run(), spec, args)
+
+
 def main() -> int:
     parser = in_vllm_ab.engine_run_parser(__doc__.splitlines()[0])
     parser.add_argument("--speculative-tokens", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--reuse", action="store_true", help="read back finished engines")
     args = parser.parse_args()
     ks = sorted(set(args.speculative_tokens))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -275,12 +286,12 @@ def main() -> int:
     specs = {arm.name: engine_spec(arm, args, cases, timed_prompt) for arm in compared + timed}
     with ThreadPoolExecutor(max_workers=len(compared)) as pool:
         futures = {
-            arm.name: pool.submit(in_vllm_ab.launch, arm.run(), specs[arm.name], args)
+            arm.name: pool.submit(launch_or_reuse, arm, specs[arm.name], args)
             for arm in compared
         }
         records = {name: f.result() for name, f in futures.items()}
     for arm in timed:  # one at a time, alone on the GPU
-        records[arm.name] = in_vllm_ab.launch(arm.run(), specs[arm.name], args)
+        records[arm.name] = launch_or_reuse(arm, specs[arm.name], args)
     result = {
         "schema_version": 2,
         "run_id": args.run_id,
