@@ -34,6 +34,21 @@ def full_model(full_skeleton):
 
 
 @pytest.fixture(scope="session")
+def full_model_int4(full_model):
+    """The full skeleton as `flashnext checkpoint mtp-int4` leaves it: the MTP routed
+    experts INT4 g128 (the writer's own byte classes, proved against its output in
+    checks/checkpoint/test_mtp_int4.py), every other tensor as its real header says."""
+    import dataclasses
+
+    from flashnext.tools.mtp_int4 import int4_byte_classes
+
+    classes = int4_byte_classes(
+        full_model.tensor_bytes_by_class(), int(full_model.text_config["num_experts"])
+    )
+    return dataclasses.replace(full_model, byte_classes=classes)
+
+
+@pytest.fixture(scope="session")
 def shipped_skeleton(tmp_path_factory):
     """Tiny checkpoint with the shipped export defects (targets ["Linear"], no sampling keys)."""
     path = tmp_path_factory.mktemp("shipped") / "tiny"

@@ -9,10 +9,17 @@ from importlib import resources
 
 import pytest
 from flashnext.plan.command import plan_json, serve_command
-from flashnext.plan.mtp import drafter_bytes_per_step, int4_bytes, lm_head_bytes, mtp_needs
+from flashnext.plan.mtp import (
+    drafter_bytes_per_step,
+    drafter_host_bytes_per_step,
+    int4_bytes,
+    lm_head_bytes,
+    mtp_needs,
+)
 from flashnext.plan.mtp_projection import (
     GOAL_TOKENS_PER_S,
     NO_CITED_RATE,
+    NO_HOST_LINK,
     StepCost,
     project_mtp,
     projection_table,
@@ -65,6 +72,24 @@ def test_step_bytes_and_rate_by_hand():
     assert COST.tokens_per_s(0.5, 1) == pytest.approx(1.5 / 0.0065)
 
 
+def test_draft_steps_add_their_host_reads_at_the_links_rate():
+    # k=2: 8 GB from VRAM at 1 TB/s (8 ms) and 2 x 0.1 GB over a 10 GB/s link (20 ms).
+    cost = dataclasses.replace(COST, drafter_host_bytes=100_000_000,
+                               host_link_bytes_per_s=10_000_000_000)  # fmt: skip
+    assert cost.host_bytes_per_step(2) == 200_000_000
+    assert cost.seconds_per_step(2) == pytest.approx(0.008 + 0.02)
+    assert cost.tokens_per_s(0.5, 2) == pytest.approx(1.75 / 0.028)
+    assert cost.tokens_per_s(0.0, 0) == COST.tokens_per_s(0.0, 0)  # no draft, no host read
+
+
+def test_without_the_host_links_figure_it_refuses_to_project():
+    cost = dataclasses.replace(COST, drafter_host_bytes=100_000_000)
+    p = project_mtp(cost, acceptance_rate=0.65, acceptance_source="x", num_speculative_tokens=1)
+    assert p.rows == () and p.reason == NO_HOST_LINK
+    with pytest.raises(ValueError, match="no cited host-link bandwidth"):
+        cost.tokens_per_s(0.65, 1)
+
+
 def test_k0_is_the_roofline(full_model):
     p = plan(base_facts(), full_model, PROFILE, OPTIONS)
     d = p.decode
@@ -88,16 +113,18 @@ def test_the_table_is_rates_outer_and_marks_the_goal():
     assert rows[0].speedup == pytest.approx(COST.tokens_per_s(0.5, 1) / COST.tokens_per_s(0, 0))
 
 
-def test_drafter_step_reads_int4_experts_of_one_token_and_the_lm_head(full_model):
+def test_drafter_step_reads_the_lm_head_from_vram_and_int4_experts_from_host(full_model):
     by_class = full_model.tensor_bytes_by_class()
     n = mtp_needs(by_class, full_model.text_config)
     head = lm_head_bytes(by_class)
     # The INT8 g128 LM head: 248,320 x 2560 bytes packed, BF16 scales per 128, its shape.
     assert head == 635_699_200 + 9_932_800 + 16
-    got = drafter_bytes_per_step(n, head_bytes=head, experts_per_token=10, num_experts=512)
-    routed = int4_bytes(n.routed_expert_bytes) * 10 // 512
-    assert got == n.layer_bytes - n.routed_expert_bytes + n.other_bytes + routed + head
-    assert round(got / 1e9, 3) == 0.852
+    got = drafter_bytes_per_step(n, head_bytes=head)
+    assert got == n.layer_bytes - n.routed_expert_bytes + n.other_bytes + head
+    assert round(got / 1e9, 3) == 0.827
+    # One token's 10 of 512 experts, INT4 as `checkpoint mtp-int4` leaves them.
+    host = drafter_host_bytes_per_step(n, experts_per_token=10, num_experts=512)
+    assert host == int4_bytes(n.routed_expert_bytes) * 10 // 512 == 25_344_000
 
 
 def test_without_a_cited_rate_it_refuses_to_project():
@@ -144,15 +171,19 @@ def test_plan_json_mtp_has_the_projection_at_the_profile_rate(full_model):
     assert proj["no_mtp_tokens_per_s"] == doc["decode"]["tokens_per_s"]
     by_k = {r["num_speculative_tokens"]: r for r in proj["rows"]}
     assert sorted(by_k) == [1, 2, 3]
-    # k=1 at 0.65: 1.65 tokens for dense + 2 tokens' experts + one drafter step.
+    # k=1 at 0.65: 1.65 tokens for dense + 2 tokens' experts + one drafter step from
+    # VRAM, and the drafter's experts over the host link.
     d = doc["decode"]
     routed = d["bytes_per_token"] - d["dense_bytes"]
     assert (
         by_k[1]["bytes_per_step"] == d["dense_bytes"] + 2 * routed + proj["drafter_bytes_per_step"]
     )
-    assert by_k[1]["tokens_per_s"] == round(1.65 * d["bandwidth_bytes_per_s"]
-                                            / by_k[1]["bytes_per_step"], 2)  # fmt: skip
-    assert by_k[1]["tokens_per_s"] == 220.44 and by_k[1]["speedup"] == 1.163
+    assert by_k[1]["host_bytes_per_step"] == proj["drafter_host_bytes_per_step"] == 25_344_000
+    link = PROFILE.gpu.host_link_bytes_per_s
+    assert proj["host_link_bytes_per_s"] == link == 25 * 2**30  # the seed's PCIe 4.0 x16
+    seconds = by_k[1]["bytes_per_step"] / d["bandwidth_bytes_per_s"] + 25_344_000 / link
+    assert by_k[1]["tokens_per_s"] == round(1.65 / seconds, 2)
+    assert by_k[1]["tokens_per_s"] == 196.38 and by_k[1]["speedup"] == 1.036
     assert "on paper, not measured" in proj["reason"]
 
 

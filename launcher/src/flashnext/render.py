@@ -75,7 +75,7 @@ def render_plan(plan: Any, command: Any) -> None:
                 r.rank,
                 f"{r.layers[0]}-{r.layers[1] - 1}",
                 len(r.qsa_layers),
-                gib(r.weight_bytes),
+                gib(r.weight_bytes + r.drafter_weight_bytes),  # the MTP drafter's resident
                 gib(r.kv_cache_bytes),
                 gib(
                     r.workspace_bytes
@@ -111,6 +111,8 @@ def render_plan(plan: Any, command: Any) -> None:
             ),
             ("pinning", q.pinning, "exact = cudaHostRegister"),
         ]
+    if plan.mtp is not None:
+        rows.append(("MTP drafter", "placed" if plan.mtp.fits else "not placed", plan.mtp.reason))
     d = plan.decode
     rows += [
         (

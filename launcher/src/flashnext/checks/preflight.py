@@ -20,6 +20,7 @@ from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.checks.finding import Finding
 from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
+from flashnext.plan.mtp import INT4_FIX
 from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
 from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
@@ -382,6 +383,13 @@ def host_memory(inp: PreflightInput) -> Iterator[Finding]:
     yield from _host_shm(inp)
 
 
+def _pinned_what(plan: Plan) -> str:
+    """What the plan pins: the QSA K/V pools, and the MTP drafter's weights when placed."""
+    if plan.mtp is not None and plan.mtp.fits:
+        return "QSA K/V pools and MTP drafter weights"
+    return "QSA K/V pools"
+
+
 def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
     mem = inp.facts.memory
     sized = "" if inp.plan is not None else _SIZED_FOR_PROFILE.format(inp.profile.name)
@@ -405,8 +413,8 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             "fail",
             f"{gib(avail)} available",
             f">= {gib(need)}",
-            f"the plan pins {gib(pinned)} of QSA K/V pools plus {gib(need - pinned)} for the "
-            f"processes, the host has {gib(avail)} available{sized}",
+            f"the plan pins {gib(pinned)} of {_pinned_what(plan)} plus {gib(need - pinned)} "
+            f"for the processes, the host has {gib(avail)} available{sized}",
             "free host memory, or lower --kv-cache-memory-bytes (fewer pinned K/V blocks)",
             measured_bytes=avail,
             required_bytes=need,
@@ -431,7 +439,7 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             "unknown",
             f">= {gib(pinned)} or unlimited",
             f"{_not_known(inp, 'RLIMIT_MEMLOCK', 'memlock_soft_bytes')}: whether the pinned "
-            f"QSA K/V pools ({gib(pinned)}) can be locked is unknown",
+            f"{_pinned_what(plan)} ({gib(pinned)}) can be locked is unknown",
             f"check `ulimit -l` where vLLM will run (unlimited, or >= {gib(pinned)}); "
             f"{_RECORD_FACTS}",
             required_bytes=pinned,
@@ -442,7 +450,8 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
             "fail",
             _limit(soft),
             f">= {gib(pinned)} or unlimited",
-            f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned QSA K/V pools need {gib(pinned)}{sized}",
+            f"RLIMIT_MEMLOCK is {_limit(soft)}; the pinned {_pinned_what(plan)} need "
+            f"{gib(pinned)}{sized}",
             "raise it: `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity; podman/docker: "
             "--ulimit memlock=-1:-1)",
             measured_bytes=soft,
@@ -680,27 +689,41 @@ def _start_peaks(inp: PreflightInput) -> Iterator[Finding]:
 
 
 def _mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
-    """The profile asks for MTP: the drafter must fit on the last rank (plan/mtp.py)."""
+    """The profile asks for MTP: the drafter must fit on the last rank (plan/mtp.py),
+    loading (its pass through VRAM) and serving (the KV pool it shares)."""
     mtp = inp.plan.mtp
     if mtp is None:
         return
-    needed = sum(mtp.placed_bytes.values())
-    if mtp.fits:
-        yield _ok("mtp.fit", gib(needed), f"<= {gib(mtp.headroom_bytes)}", mtp.reason,
-                  measured_bytes=needed, required_bytes=mtp.headroom_bytes)  # fmt: skip
+    load = mtp.load
+    off = "set enabled = false under [mtp] in the profile (serve without MTP)"
+    if load is None:  # no MTP tensors
+        yield Finding("mtp.fit", "fail", "no MTP tensors", "an MTP layer (mtp.*)",
+                      f"MTP does not fit: {mtp.reason}", off)  # fmt: skip
         return
-    writer = "mtp-int4" in mtp.reason
+    if mtp.fits:
+        yield _ok("mtp.fit", f"{gib(load.transient_bytes)} while loading",
+                  f"<= {gib(load.room_bytes)} on rank {mtp.rank}", mtp.reason,
+                  measured_bytes=load.transient_bytes, required_bytes=load.room_bytes)  # fmt: skip
+        return
+    if not load.fits:
+        yield Finding(
+            "mtp.fit",
+            "fail",
+            f"{gib(load.transient_bytes)} while loading",
+            f"<= {gib(load.room_bytes)} on rank {mtp.rank}",
+            f"MTP does not fit: {mtp.reason}",
+            f"{INT4_FIX} --model {inp.model_dir or 'MODEL_DIR'}" if mtp.experts_bf16 else off,
+            measured_bytes=load.transient_bytes,
+            required_bytes=load.room_bytes,
+        )
+        return
     yield Finding(
         "mtp.fit",
         "fail",
-        gib(needed),
-        f"<= {gib(mtp.headroom_bytes)} on rank {mtp.rank}",
+        f"{mtp.kv_tokens or 0} tokens of KV with the drafter",
+        f">= {inp.plan.max_model_len.value} (one full-length request)",
         f"MTP does not fit: {mtp.reason}",
-        f"flashnext checkpoint mtp-int4 --model {inp.model_dir or 'MODEL_DIR'}"
-        if writer
-        else "set enabled = false under [mtp] in the profile (serve without MTP)",
-        measured_bytes=needed,
-        required_bytes=mtp.headroom_bytes,
+        f"{off}, or lower --max-model-len",
     )
 
 

@@ -72,6 +72,11 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
         # One JSON object, like --compilation-config.
         spec = {"method": "mtp", "num_speculative_tokens": profile.mtp.num_speculative_tokens}
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+        # The drafter's routed experts and embedding in pinned host memory, read in
+        # place (patch 0031): the segments select nothing of the target's, and the
+        # GiB cover exactly what they select (plan/mtp.py).
+        argv += ["--cpu-offload-gb", plan.mtp.cpu_offload_gb]
+        argv += ["--cpu-offload-params", *plan.mtp.offload_params]
     if options.generation_config_dir:
         argv += ["--generation-config", options.generation_config_dir]
     return ServeCommand(tuple(argv), dict(plan.env))

@@ -15,8 +15,11 @@ from flashnext.facts.model_derived import config_int
 from flashnext.plan import qsa_sizing
 
 
-def shape_from_text(text: dict[str, Any], num_speculative_tokens: int = 0) -> qsa_sizing.QsaShape:
-    """The sizing inputs, read from the checkpoint's text_config."""
+def shape_from_text(
+    text: dict[str, Any], num_speculative_tokens: int = 0, drafter_qsa_layers: int = 0
+) -> qsa_sizing.QsaShape:
+    """The sizing inputs, read from the checkpoint's text_config; the MTP drafter's
+    draft tokens and QSA layers when it is placed (0: none)."""
     return qsa_sizing.QsaShape(
         num_hidden_layers=config_int(text, "num_hidden_layers"),
         full_attention_interval=config_int(text, "full_attention_interval", 4),
@@ -33,6 +36,7 @@ def shape_from_text(text: dict[str, Any], num_speculative_tokens: int = 0) -> qs
         indexer_budget=config_int(text, "indexer_budget", 2048),
         ssm_state_bytes=4 if text.get("mamba_ssm_dtype", "float32") == "float32" else 2,
         num_speculative_tokens=num_speculative_tokens,
+        drafter_qsa_layers=drafter_qsa_layers,
     )
 
 

@@ -28,7 +28,17 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
-from flashnext.plan.mtp import MtpFit, drafter_bytes_per_step, fit_mtp, lm_head_bytes, mtp_needs
+from flashnext.plan.mtp import (
+    MtpFit,
+    MtpNeeds,
+    drafter_bytes_per_step,
+    drafter_host_bytes_per_step,
+    fit_mtp,
+    lm_head_bytes,
+    load_check,
+    mtp_needs,
+    no_drafter,
+)
 from flashnext.plan.mtp_projection import StepCost, project_mtp
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
@@ -68,11 +78,15 @@ class RankPlan:
     vram_total_bytes: int
     vram_usable_bytes: int
     """vram_total x gpu_memory_utilization, as vLLM computes its budget."""
+    drafter_weight_bytes: int = 0
+    """The MTP drafter's weights resident in VRAM (last rank, when it is placed; its
+    experts and embedding are in host memory: plan/mtp.py); not in weight_bytes."""
 
     @property
     def committed_bytes(self) -> int:
         return (
             self.weight_bytes
+            + self.drafter_weight_bytes
             + self.workspace_bytes
             + self.pp_buffer_bytes
             + self.activation_bytes
@@ -139,6 +153,8 @@ class Plan:
             doc["mtp"] = self.mtp.to_json()
         doc["schema_version"] = PLAN_SCHEMA_VERSION
         for rank, derived in zip(doc["ranks"], self.ranks, strict=True):
+            if not derived.drafter_weight_bytes:  # plans without MTP keep their hash
+                rank.pop("drafter_weight_bytes")
             rank["committed_bytes"] = derived.committed_bytes
             rank["headroom_bytes"] = derived.headroom_bytes
         doc["decode"]["bytes_per_token"] = self.decode.bytes_per_token
@@ -330,11 +346,27 @@ def _plan(
         + activation
         for r in range(pp)
     ]
-    # One --kv-cache-memory-bytes applies to every rank: size it for the
-    # rank with the least VRAM left after weights and buffers.
-    tightest = min(range(pp), key=lambda r: usable - fixed[r])
-    kv, qsa = _kv_cache_bytes(text, ranges, profile, options, usable - fixed[tightest])
+    max_len = (
+        Planned(options.max_model_len, "flag", "--max-model-len given")
+        if options.max_model_len
+        else Planned(profile.scheduler.max_model_len, "profile", f"profile {profile.name}")
+    )
+    decode = DecodeRoofline(
+        dense_bytes=dense,
+        routed_expert_bytes=routed,
+        experts_per_token=config_int(text, "num_experts_per_tok", 0, minimum=0),
+        num_experts=config_int(text, "num_experts", 0, minimum=0),
+        bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
+    )
+    budget = _Budget(text, ranges, profile, options, vram_total, usable, fixed)
+    sized = _size(budget, None)
+    mtp = None
+    if profile.mtp.enabled:
+        mtp, with_drafter = _mtp_fit(model, budget, weights, max_len.value, decode, sized)
+        if mtp.fits:  # otherwise the plan is the one without MTP, and mtp says why
+            sized = with_drafter
 
+    kv, qsa = sized.kv, sized.qsa
     rank_plans = tuple(
         RankPlan(
             rank=r,
@@ -348,30 +380,18 @@ def _plan(
             kv_cache_bytes=kv.value,
             vram_total_bytes=vram_total,
             vram_usable_bytes=usable,
+            drafter_weight_bytes=sized.drafter_bytes[r],
         )
         for r in range(pp)
     )
-    pinned = qsa.pinned_total_bytes if qsa else 0
+    # The QSA pools hold the drafter's K/V arena when it is placed; its offloaded
+    # weights are pinned by the offloader, beside them.
+    pinned = (qsa.pinned_total_bytes if qsa else 0) + (
+        mtp.pinned_weight_bytes if mtp is not None and mtp.fits else 0
+    )
     host_needed = pinned + profile.memory.host_overhead_bytes
-    max_len = (
-        Planned(options.max_model_len, "flag", "--max-model-len given")
-        if options.max_model_len
-        else Planned(profile.scheduler.max_model_len, "profile", f"profile {profile.name}")
-    )
-    decode = DecodeRoofline(
-        dense_bytes=dense,
-        routed_expert_bytes=routed,
-        experts_per_token=config_int(text, "num_experts_per_tok", 0, minimum=0),
-        num_experts=config_int(text, "num_experts", 0, minimum=0),
-        bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
-    )
     topology_env, env_reasons = nccl_env(facts, profile)
     env = serve_env(profile, options, qsa, topology_env)
-    mtp = (
-        _mtp_fit(model, profile, rank_plans[-1], max_len.value, decode)
-        if profile.mtp.enabled
-        else None
-    )
     return Plan(
         profile=profile.name,
         profile_reason=profile_reason,
@@ -379,7 +399,7 @@ def _plan(
         ple_layers=ple_layers,
         ple_ranks=ple_ranks,
         ranks=rank_plans,
-        tightest_rank=tightest,
+        tightest_rank=sized.tightest,
         kv_cache_memory_bytes=kv,
         max_model_len=max_len,
         qsa=qsa,
@@ -393,28 +413,100 @@ def _plan(
     )
 
 
+@dataclass(frozen=True)
+class _Budget:
+    """What the KV sizing starts from: the ranks' usable VRAM and fixed bytes."""
+
+    text: dict[str, Any]
+    ranges: list[tuple[int, int]]
+    profile: Profile
+    options: PlanOptions
+    vram_total: int
+    usable: int
+    fixed: list[int]
+    """Per rank: target weights, workspace, PP buffers, activations."""
+
+
+@dataclass(frozen=True)
+class _Sized:
+    tightest: int
+    kv: Planned
+    qsa: host_pools.HostPools | None
+    drafter_bytes: tuple[int, ...]
+    """Per rank: the MTP drafter's resident weights (all 0 without it)."""
+
+
+def _size(budget: _Budget, drafter: MtpNeeds | None) -> _Sized:
+    """--kv-cache-memory-bytes and the QSA pools; with the drafter placed, its resident
+    weights count on the last rank and its QSA layer among that rank's (QsaShape)."""
+    pp = len(budget.ranges)
+    extra = [0] * pp
+    k = drafter_layers = 0
+    if drafter is not None:
+        extra[-1] = drafter.resident_bytes
+        k, drafter_layers = budget.profile.mtp.num_speculative_tokens, drafter.num_layers
+    shape = host_pools.shape_from_text(budget.text, k, drafter_layers)
+    left = [budget.usable - budget.fixed[r] - extra[r] for r in range(pp)]
+    # One --kv-cache-memory-bytes applies to every rank: size it for the
+    # rank with the least VRAM left after weights and buffers.
+    tightest = min(range(pp), key=lambda r: left[r])
+    kv, qsa = _kv_cache_bytes(shape, budget.ranges, budget.profile, budget.options, left[tightest])
+    return _Sized(tightest, kv, qsa, tuple(extra))
+
+
 def _mtp_fit(
-    model: ModelFacts, profile: Profile, last: RankPlan, max_model_len: int, decode: DecodeRoofline
-) -> MtpFit:
-    """The drafter on the last rank, in what that rank's plan leaves free, and what it
-    would gain under the decode roofline at the profile's cited acceptance rate."""
+    model: ModelFacts,
+    budget: _Budget,
+    weights: list[int],
+    max_model_len: int,
+    decode: DecodeRoofline,
+    without: _Sized,
+) -> tuple[MtpFit, _Sized | None]:
+    """The drafter on the last rank, sized in (plan/mtp.py), and what it would gain under
+    the decode roofline at the profile's cited acceptance rate; with the sizing that
+    holds it (None: no MTP tensors)."""
+    profile, last = budget.profile, len(budget.ranges) - 1
     by_class = model.tensor_bytes_by_class()
     needs = mtp_needs(by_class, model.text_config)
-    tokens = profile.scheduler.max_num_seqs * max_model_len
     if needs is None:
-        return MtpFit(False, last.rank, {}, last.headroom_bytes, tokens, 0,
-                      "the checkpoint has no MTP tensors (mtp.*)")  # fmt: skip
-    fit = fit_mtp(needs, rank=last.rank, headroom_bytes=last.headroom_bytes, tokens=tokens)
+        return no_drafter(last, "the checkpoint has no MTP tensors (mtp.*)"), None
+    sized = _size(budget, needs)
+    # The start peaks were measured on the profile's card with its own partition:
+    # what the start held beyond the target's weights there (its context, the
+    # target's repack transient) is room the drafter's load has been seen to get.
+    peaks = profile.memory.measured_start_peak_bytes
+    measured = (
+        peaks[last] - weights[last]
+        if peaks
+        and len(peaks) == len(budget.ranges)
+        and not budget.options.pp_layer_partition
+        and budget.vram_total == profile.gpu.memory_bytes
+        else None
+    )
+    load = load_check(
+        needs, budget_room_bytes=budget.usable - weights[last], measured_room_bytes=measured
+    )
+    fit = fit_mtp(
+        needs,
+        rank=last,
+        load=load,
+        kv_cache_bytes=sized.kv.value,
+        pools=sized.qsa,
+        kv_tokens_without=without.qsa.tokens if without.qsa is not None else None,
+        max_model_len=max_model_len,
+        vram_kv_bytes_per_token=qsa_sizing.offload_vram_bytes_per_token(
+            host_pools.shape_from_text(budget.text)
+        ),
+    )
     cost = StepCost(
         target_dense_bytes=decode.dense_bytes,
         target_routed_bytes_per_token=decode.bytes_per_token - decode.dense_bytes,
-        drafter_bytes=drafter_bytes_per_step(
-            needs,
-            head_bytes=lm_head_bytes(by_class),
-            experts_per_token=decode.experts_per_token,
-            num_experts=decode.num_experts,
-        ),
+        drafter_bytes=drafter_bytes_per_step(needs, head_bytes=lm_head_bytes(by_class)),
         bandwidth_bytes_per_s=decode.bandwidth_bytes_per_s,
+        drafter_host_bytes=drafter_host_bytes_per_step(
+            needs, experts_per_token=decode.experts_per_token, num_experts=decode.num_experts
+        ),
+        host_link_bytes_per_s=profile.gpu.host_link_bytes_per_s,
     )
     spec = profile.mtp
     projection = project_mtp(
@@ -423,18 +515,17 @@ def _mtp_fit(
         acceptance_source=spec.acceptance_source,
         num_speculative_tokens=spec.num_speculative_tokens,
     )
-    return dataclasses.replace(fit, projection=projection)
+    return dataclasses.replace(fit, projection=projection), sized
 
 
 def _kv_cache_bytes(
-    text: dict[str, Any],
+    shape: qsa_sizing.QsaShape,
     ranges: list[tuple[int, int]],
     profile: Profile,
     options: PlanOptions,
     vram_left: int,
 ) -> tuple[Planned, host_pools.HostPools | None]:
     offload = profile.qsa_offload
-    shape = host_pools.shape_from_text(text)
     pp = len(ranges)
     counts = [end - start for start, end in ranges]
 

@@ -52,6 +52,10 @@ class QsaShape:
     dtype_bytes: int = 2  # bf16 activations and K/V
     ssm_state_bytes: int = 4  # mamba_ssm_dtype float32
     num_speculative_tokens: int = 0
+    drafter_qsa_layers: int = 0
+    """QSA layers of the MTP drafter, all on the last PP rank (0: no drafter). Its
+    layer joins that rank's KV pool and offloads like the target's (plan/mtp.py), so
+    the sizing counts it as one more QSA layer there."""
 
     def qsa_layer_ids(self) -> list[int]:
         step = self.full_attention_interval
@@ -91,12 +95,14 @@ def pp_partition(
 def qsa_layers_per_rank(
     shape: QsaShape, pp_size: int, partition: list[int] | None = None
 ) -> list[int]:
-    """Number of QSA layers each PP rank holds."""
+    """Number of QSA layers each PP rank holds, the drafter's on the last."""
     ids = shape.qsa_layer_ids()
-    return [
+    counts = [
         sum(start <= i < end for i in ids)
         for start, end in pp_partition(shape.num_hidden_layers, pp_size, partition)
     ]
+    counts[-1] += shape.drafter_qsa_layers
+    return counts
 
 
 def mamba_page_bytes(shape: QsaShape) -> int:
@@ -204,7 +210,7 @@ class QsaOffloadSizing:
     num_blocks: int
     tokens: int
     host_bytes_per_layer: int
-    host_bytes_total: int  # all QSA layers of the model (every rank together)
+    host_bytes_total: int  # all QSA layers (every rank together, the drafter's included)
     host_bytes_busiest_rank: int
     qsa_layers_per_rank: tuple[int, ...]
 
@@ -251,7 +257,7 @@ def size_offload(
         num_blocks=num_blocks,
         tokens=num_blocks * block,
         host_bytes_per_layer=host_layer,
-        host_bytes_total=host_layer * len(shape.qsa_layer_ids()),
+        host_bytes_total=host_layer * sum(per_rank),
         host_bytes_busiest_rank=host_layer * busiest,
         qsa_layers_per_rank=tuple(per_rank),
     )

@@ -54,6 +54,10 @@ class GpuSpec:
     """Peak memory bandwidth of one card, for the decode roofline."""
     min_pcie_gen: Positive
     min_pcie_width: Positive
+    host_link_bytes_per_s: Positive | None = None
+    """One card's host link (PCIe) bandwidth, for reads of pinned host memory by the
+    GPU: the MTP drafter's routed experts (plan/mtp_projection.py). A figure with its
+    source, never a guess; None: not known, and MTP's gain is not projected."""
 
     def matches(self, device: GpuDevice) -> bool:
         return self.name.lower() in device.name.lower()

@@ -73,6 +73,31 @@ def quantize(weight):
     return packed, scale.reshape(out_features, -1).to(torch.bfloat16)
 
 
+# The same weights by tensor class (the expert number folded to `*`).
+EXPERT_WEIGHT_CLASS = re.compile(
+    r"^(mtp\.layers\.\d+\.mlp\.experts\.\*\.(?:gate|up|down)_proj)\.weight$"
+)
+SHAPE_BYTES = 2 * 8  # weight_shape: the [out, in] of one weight, int64
+
+
+def int4_byte_classes(bytes_by_class: dict[str, int], num_experts: int) -> dict[str, int]:
+    """The checkpoint's bytes by tensor class (facts.schema.tensor_class) as this writer
+    leaves them, without writing: each BF16 expert weight class becomes its packed
+    INT4 (a quarter of the bytes), its BF16 scales (one per GROUP weights) and its
+    shapes. What the planner and the README figures see after `mtp-int4`."""
+    out: dict[str, int] = {}
+    for name, nbytes in bytes_by_class.items():
+        m = EXPERT_WEIGHT_CLASS.match(name)
+        if m is None:
+            out[name] = nbytes
+            continue
+        weights = nbytes // 2
+        out[f"{m[1]}.weight_packed"] = weights // 2
+        out[f"{m[1]}.weight_scale"] = weights // GROUP * 2
+        out[f"{m[1]}.weight_shape"] = num_experts * SHAPE_BYTES
+    return out
+
+
 def _say(msg: str) -> None:
     print(f"mtp-int4: {msg}", file=sys.stderr, flush=True)
 
