@@ -28,8 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32  # noqa: E402
+from flashnext.facts.model import read_model_facts  # noqa: E402
 from flashnext.skeleton import write_skeleton  # noqa: E402
-from flashnext.tools.mtp_int4 import EXPERT_WEIGHT, NEW_SHARD  # noqa: E402
+from flashnext.tools.mtp_int4 import EXPERT_WEIGHT, NEW_SHARD, int4_byte_classes  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E402
@@ -96,6 +97,19 @@ def test_every_expert_dequantizes_within_rounding_error(written):
             # Round to nearest: at most half a step, plus float slack.
             assert bool((err <= s / 2 + 1e-6).all()), name
             assert float(err.mean()) > 0  # real values, really rounded
+
+
+def test_the_planners_int4_byte_classes_are_what_the_writer_wrote(written, tmp_path):
+    """int4_byte_classes (what the planner and the README figures use for an INT4
+    drafter) against the written checkpoint's own headers."""
+    root = written[0]
+    before = tmp_path / "before"
+    write_skeleton(before, "tiny", fixed_metadata=True)  # the same inventory, BF16 experts
+    shipped = read_model_facts(before)
+    experts = int(shipped.text_config["num_experts"])
+    expected = int4_byte_classes(shipped.tensor_bytes_by_class(), experts)
+    assert read_model_facts(root).tensor_bytes_by_class() == expected
+    assert expected != shipped.tensor_bytes_by_class()
 
 
 def test_index_names_the_new_shard_and_the_old_ones_are_kept_byte_for_byte(written):

@@ -20,7 +20,7 @@ from flashnext.partition import PartitionError, pp_layer_ranges
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "checks" / "launcher"))
-from lead_fixtures import BASE_FILE, split_shell_line  # noqa: E402
+from lead_fixtures import BASE_FILE, base_facts, split_shell_line  # noqa: E402
 
 TABLE = "/nvme/flashnext/ple-table.bin"
 
@@ -128,6 +128,46 @@ def test_dotted_form_would_drop_the_json():
         ],
     )
     assert ns["compilation_config"]["cudagraph_capture_sizes"] != [1, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def mtp_parsed(skeleton):
+    """The 3x3090 plan with MTP on and the drafter's experts INT4 (as `checkpoint
+    mtp-int4` leaves them), its argv parsed by `vllm serve`'s own parser."""
+    import dataclasses
+
+    from flashnext.facts.model import read_model_facts
+    from flashnext.plan.command import serve_command
+    from flashnext.plan.planner import PlanOptions, plan
+    from flashnext.profiles import available_profiles
+    from flashnext.tools.mtp_int4 import int4_byte_classes
+
+    model = read_model_facts(skeleton)
+    classes = int4_byte_classes(model.tensor_bytes_by_class(), 512)
+    model = dataclasses.replace(model, byte_classes=classes)
+    shipped = available_profiles()["3x3090"]
+    profile = dataclasses.replace(shipped, mtp=dataclasses.replace(shipped.mtp, enabled=True))
+    options = PlanOptions(
+        model_dir=str(skeleton), table_path=TABLE, generation_config_dir=str(skeleton)
+    )
+    p = plan(base_facts(), model, profile, options)
+    assert p.mtp is not None and p.mtp.fits, p.mtp.reason
+    argv = serve_command(p, profile, options).argv
+    return p, argv, ask_vllm("parse", list(argv[2:]))
+
+
+def test_vllm_takes_the_mtp_argv(mtp_parsed, skeleton):
+    p, argv, ns = mtp_parsed
+    assert ns["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+    assert ns["cpu_offload_gb"] == float(p.mtp.cpu_offload_gb)
+    assert ns["cpu_offload_params"] == ["mtp.embed_tokens", "mtp.layers.48.mlp.experts"]
+    # vLLM's byte budget covers everything the segments select.
+    host = p.mtp.placed_bytes["host"]
+    assert ns["cpu_offload_max_bytes"] >= host["routed_experts"] + host["embed_tokens"]
+    assert ns["kv_cache_memory_bytes"] == p.kv_cache_memory_bytes.value
+    # The flag after the segments is still read as its own (nargs="+" stops there).
+    assert argv[argv.index("--cpu-offload-params") + 3] == "--generation-config"
+    assert ns["generation_config"] == str(skeleton)
 
 
 CASES = [

@@ -32,10 +32,15 @@ FIELDS = (
     "language_model_only",
     "engram_config",
     "generation_config",
+    "speculative_config",
+    "cpu_offload_gb",
+    "cpu_offload_params",
 )
 
 
 def jsonable(value):
+    if isinstance(value, set):
+        return sorted(value)
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     if hasattr(value, "__dataclass_fields__"):
@@ -46,12 +51,20 @@ def jsonable(value):
 
 
 def parse(argv: list[str]) -> dict:
+    from vllm.config.offload import UVAOffloadConfig
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     ns = parser.parse_args(argv)
-    return {k: jsonable(getattr(ns, k, None)) for k in FIELDS}
+    out = {k: jsonable(getattr(ns, k, None)) for k in FIELDS}
+    # The offloader's byte budget, as vllm/model_executor/offloader/base.py computes it
+    # from the validated config.
+    uva = UVAOffloadConfig(
+        cpu_offload_gb=ns.cpu_offload_gb, cpu_offload_params=ns.cpu_offload_params
+    )
+    out["cpu_offload_max_bytes"] = int(uva.cpu_offload_gb * 1024**3)
+    return out
 
 
 def pp(cases: list[dict]) -> list:
