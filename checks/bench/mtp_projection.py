@@ -3,12 +3,15 @@
 
     python3 checks/bench/mtp_projection.py [--json]
 
-Plans the full-scale skeleton (`flashnext skeleton DIR --fixed-metadata`) on
-the replayed 3x3090 facts with the shipped profile, MTP switched on, and
-prints plan/mtp_projection.py's grid: tokens/s under the decode roofline for
-each acceptance rate and num_speculative_tokens, and the ratio to the
-roofline without MTP. A projection, not a measurement (the module says what
-it counts); the profile's cited rate is marked.
+Plans the full-scale skeleton (`flashnext skeleton DIR --fixed-metadata`),
+its MTP experts INT4 as `flashnext checkpoint mtp-int4` leaves them, on the
+replayed 3x3090 facts with the shipped profile, MTP switched on, and prints
+what the drafter costs (plan/mtp.py: VRAM, pinned host memory, its pass
+through VRAM while loading, the KV pool it shares) and plan/mtp_projection.py's
+grid: tokens/s under the decode roofline for each acceptance rate and
+num_speculative_tokens, and the ratio to the roofline without MTP. A
+projection, not a measurement (the module says what it counts); the
+profile's cited rate is marked.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from flashnext.facts.schema import host_facts_from_json  # noqa: E402
 from flashnext.plan.mtp_projection import PROJECTED_K, projection_table  # noqa: E402
 from flashnext.plan.planner import PlanOptions, plan  # noqa: E402
 from flashnext.profiles import available_profiles  # noqa: E402
+from flashnext.tools.mtp_int4 import int4_byte_classes  # noqa: E402
+from flashnext.units import gib  # noqa: E402
 
 FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9)
@@ -50,19 +55,39 @@ def main() -> int:
         )  # fmt: skip
         facts = host_facts_from_json(FACTS.read_text(), source=str(FACTS))
         options = PlanOptions(model_dir=str(model_dir), table_path="/nvme/flashnext/ple-table.bin")
-        p = plan(facts, read_model_facts(model_dir), profile, options)
-    projection = p.mtp.projection
+        model = read_model_facts(model_dir)
+        int4 = int4_byte_classes(model.tensor_bytes_by_class(), model.text_config["num_experts"])
+        p = plan(facts, dataclasses.replace(model, byte_classes=int4), profile, options)
+        off = plan(facts, model, shipped, options)
+    mtp = p.mtp
+    projection = mtp.projection
     cited = projection.acceptance_rate
     rates = tuple(sorted({*GRID, *(() if cited is None else (cited,))}))
     rows = projection_table(projection.cost, rates)
     if args.json:
-        doc = {"no_mtp_tokens_per_s": projection.no_mtp_tokens_per_s, "cited_rate": cited,
+        doc = {"mtp": {k: v for k, v in mtp.to_json().items() if k != "projection"},
+               "no_mtp_tokens_per_s": projection.no_mtp_tokens_per_s, "cited_rate": cited,
                "source": projection.acceptance_source,
                "rows": [{"acceptance_rate": a, **r.to_json()}
                         for a, r in zip([a for a in rates for _ in PROJECTED_K], rows,
                                         strict=True)]}  # fmt: skip
         print(json.dumps(doc, indent=2))
         return 0
+    host, vram = mtp.placed_bytes["host"], mtp.placed_bytes["vram"]
+    print(f"MTP: {mtp.reason}")
+    print(f"VRAM: weights {gib(vram['layer'] + vram['fc_norms_mixer'])}, its share of the KV "
+          f"pool {gib(vram['kv'])}; pool {mtp.kv_tokens} tokens ({mtp.kv_tokens_without} "
+          f"without MTP)")  # fmt: skip
+    print(f"host: experts {gib(host['routed_experts'])} + embedding {gib(host['embed_tokens'])} "
+          f"+ K/V arena {gib(host['kv'])}, pinned {gib(mtp.pinned_bytes)}; "
+          f"--cpu-offload-gb {mtp.cpu_offload_gb}")  # fmt: skip
+    print(f"plan: --kv-cache-memory-bytes {p.kv_cache_memory_bytes.value} "
+          f"({off.kv_cache_memory_bytes.value} without MTP), pinned {gib(p.pinned_bytes_needed)} "
+          f"in all ({gib(off.pinned_bytes_needed)} without MTP)")  # fmt: skip
+    print(f"load: {gib(mtp.load.transient_bytes)} through VRAM, {gib(mtp.load.room_bytes)} room "
+          f"({mtp.load.binds} binds)")  # fmt: skip
+    print(f"draft step: {projection.drafter_host_bytes_per_step / 1e6:.1f} MB over the host link "
+          f"at {projection.cost.host_link_bytes_per_s / 1e9:.1f} GB/s")  # fmt: skip
     print(f"roofline without MTP: {projection.no_mtp_tokens_per_s:.0f} tok/s; cited rate: {cited}")
     print("| acceptance rate | " + " | ".join(f"k = {k}" for k in PROJECTED_K) + " |")
     print("|---|" + "---|" * len(PROJECTED_K))
