@@ -66,20 +66,22 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
 
 def uva_offloaded() -> dict[str, Any]:
     """The parameters vLLM's UVA offloader left in pinned host memory, read in
-    place by the GPU (the engine runs in this process: no V1 multiprocessing)."""
+    place by the GPU (the engine runs in this process: no V1 multiprocessing).
+    Found through the live modules: gc tracks nn.Module objects, not tensors."""
     import gc
 
     import torch
 
-    params = [
-        o
-        for o in gc.get_objects()
-        if isinstance(o, torch.nn.Parameter) and getattr(o, "_vllm_is_uva_offloaded", False)
-    ]
+    found: dict[int, tuple[str, torch.Tensor]] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.nn.Module):
+            for name, p in obj.named_parameters(recurse=False):
+                if getattr(p, "_vllm_is_uva_offloaded", False):
+                    found[id(p)] = (f"{type(obj).__name__}.{name}", p)
     return {
-        "params": len(params),
-        "bytes": sum(p.numel() * p.element_size() for p in params),
-        "shapes": sorted(list(p.shape) for p in params),
+        "params": len(found),
+        "bytes": sum(p.numel() * p.element_size() for _, p in found.values()),
+        "names": sorted(name for name, _ in found.values()),
     }
 
 

@@ -109,13 +109,16 @@ def disagreement(reference: list[dict], candidate: list[dict]) -> Disagreement:
         result.first_difference.append(first)
         result.request_positions.append(result.positions - before)
         result.diffs.append(diffs)
-        where = _output_violation(ra, rb)
+        where = output_violation(ra, rb)
         if where:
             result.violations.append((req, where))
     return result
 
 
-def _output_violation(a: dict[str, Any], b: dict[str, Any]) -> str:
+def output_violation(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """vLLM's rule on two greedy outputs of one request: "" when they are equal or
+    first part where each token is in the other's top-k (a near tie broken the
+    other way; what follows diverges and is not compared), else where they break it."""
     ids_a, ids_b = a["output_ids"], b["output_ids"]
     for pos, (ta, tb) in enumerate(zip(ids_a, ids_b, strict=False)):
         if ta == tb:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A copy of the tiny checkpoint whose LM head can pick only a few tokens (issue 16).
+"""A copy of the tiny checkpoint whose LM head favours a few tokens (issue 16).
 
     python checks/gpu/narrow_head.py SRC_DIR DST_DIR [--tokens 4096 12288]
 
@@ -9,22 +9,23 @@ so every draft would be rejected and the accepted path (with the state kept
 past a draft) would never run. Training the tiny drafter needs the target's
 forward, which only runs on a GPU.
 
-Instead the copy keeps the LM head rows of `--tokens` and zeroes every other
-row. The target and the drafter share that head (vLLM's eagle loader gives
-the drafter the target's lm_head), so both choose among the kept tokens and
-token 0: a zero row's logit is exactly 0, and when every kept logit is
-negative greedy argmax takes the first of the exact ties, token 0, the same
-way in every pass. The drafter's choice then matches the target's a fair
-part of the time, by chance, with nothing else of either model changed:
-attention, PLE, the experts and the MTP layer all still decide which of the
-few tokens wins. Two kept tokens leave three outcomes per position.
+Instead the copy keeps the LM head rows of `--tokens` and scales every other
+row by SHRINK. The target and the drafter share that head (vLLM's eagle
+loader gives the drafter the target's lm_head), so both mostly choose among
+the kept tokens, and the drafter's choice matches the target's a fair part
+of the time, by chance, with nothing else of either model changed:
+attention, PLE, the experts and the MTP layer all still decide which token
+wins. When every kept logit is low, a shrunken row wins; those logits are
+small but distinct (no exact ties), so vLLM's top-k still ranks them and a
+near tie there is told from a wrong token. (Zeroed rows would tie exactly
+and fill every top-k list with the same zero tokens.)
 
 Only the head's bytes change: the shard holding lm_head.weight is copied and
-the dropped rows' bytes zeroed in place (any dtype: a zero row is zero
-bytes), the header and every other file copied as they are. DST_DIR is
-written beside itself and renamed into place when complete, so a failed run
-leaves nothing half-written. Imports: the standard library and the
-launcher's safetensors header reader (launcher/src).
+the other rows rewritten in place (BF16, F16 or F32), the header and every
+other file copied as they are. DST_DIR is written beside itself and renamed
+into place when complete, so a failed run leaves nothing half-written.
+Imports: the standard library, numpy and the launcher's safetensors header
+reader (launcher/src).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launcher" / "src"))
 
 from flashnext.facts.safetensors import (  # noqa: E402
@@ -46,7 +49,22 @@ from flashnext.facts.safetensors import (  # noqa: E402
 HEAD = "lm_head.weight"
 INDEX = "model.safetensors.index.json"
 DEFAULT_TOKENS = (4096, 12288)
+SHRINK = 0.01  # the other rows' logits: std ~0.08 against the kept rows' ~8
 RECORD = "narrow_head.json"
+
+
+def _to_float32(raw: bytes, dtype: str) -> np.ndarray:
+    if dtype == "BF16":  # the high half of a float32
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(raw, dtype="<f2" if dtype == "F16" else "<f4").astype(np.float32)
+
+
+def _from_float32(values: np.ndarray, dtype: str) -> bytes:
+    if dtype == "BF16":  # round to nearest even, as torch's .to(bfloat16)
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).astype("<u2").tobytes()
+    return values.astype("<f2" if dtype == "F16" else "<f4").tobytes()
 
 
 class NarrowHeadError(Exception):
@@ -76,13 +94,11 @@ def narrow(src: Path, dst: Path, tokens: tuple[int, ...]) -> Path:
         raise NarrowHeadError(str(exc)) from exc
     head = next(t for t in tensors if t.name == HEAD)
     rows = head.shape[0]
-    bad = [t for t in tokens if not 0 < t < rows]
+    bad = [t for t in tokens if not 0 <= t < rows]
     if not tokens or bad:
-        raise NarrowHeadError(
-            f"--tokens {bad or '(none)'}: give ids in 1..{rows - 1} "
-            "(0 is the tie token every zero row leads to)"
-        )
-    row_bytes = head.nbytes // rows
+        raise NarrowHeadError(f"--tokens {bad or '(none)'}: give ids in 0..{rows - 1}")
+    if head.dtype not in ("BF16", "F16", "F32"):
+        raise NarrowHeadError(f"{HEAD} is {head.dtype}: BF16, F16 or F32 only")
     kept = set(tokens)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -91,13 +107,15 @@ def narrow(src: Path, dst: Path, tokens: tuple[int, ...]) -> Path:
         for path in src.iterdir():
             if path.is_file():
                 shutil.copy2(path, staging / path.name)
-        zero = bytes(row_bytes)
         with (staging / shard).open("r+b") as f:
-            for row in range(rows):
-                if row not in kept:
-                    f.seek(head.offset_bytes + row * row_bytes)
-                    f.write(zero)
-        record = {"source": str(src), "kept_tokens": sorted(kept), "tie_token": 0}
+            f.seek(head.offset_bytes)
+            values = _to_float32(f.read(head.nbytes), head.dtype).reshape(rows, -1)
+            others = np.ones(rows, dtype=bool)
+            others[sorted(kept)] = False
+            values[others] *= SHRINK
+            f.seek(head.offset_bytes)
+            f.write(_from_float32(values, head.dtype))
+        record = {"source": str(src), "kept_tokens": sorted(kept), "others_scaled_by": SHRINK}
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n")
         staging.rename(dst)
     except BaseException:

@@ -20,7 +20,8 @@ def request(ids, margin=3.0):
     """One request's record: generated ids and a top-2 logprob pair per step."""
     return {
         "output_ids": list(ids),
-        "output_logprobs": [{str(t): -0.1, "7": -0.1 - margin} for t in ids],
+        # Runner-up: token 7, or 2 where 7 itself is the choice.
+        "output_logprobs": [{str(t): -0.1, "7" if t != 7 else "2": -0.1 - margin} for t in ids],
         "prompt_logprobs": [],
     }
 
@@ -119,6 +120,24 @@ def test_a_parting_names_the_position_and_the_margin_there():
     assert "generated token 1: 2 without MTP, 9 with" in row["why"]
 
 
+def test_a_parting_at_a_near_tie_by_vllms_rule_is_close_and_passes():
+    """Each engine's token is in the other's top-k (request() puts token 7 second):
+    the tie broke the other way and the sequences diverge from there."""
+    v = mtp_equality.verdict(engines([[1, 2, 3], [4, 5, 6]], [[1, 7, 8], [4, 5, 6]], COUNTS), KS)
+    row = v["pairs"][0]["cases"][0]
+    assert row["equal"] is False and row["close"] is True
+    assert row["tokens_identical"] == 1 + 3 and row["tokens"] == 6
+    assert [p["near_tie"] for p in row["partings"]] == [True]
+    assert v["ok"] is True
+
+
+def test_one_wrong_token_among_near_ties_fails():
+    off, on = [[1, 2, 3], [4, 5, 6]], [[1, 7, 8], [4, 9, 6]]
+    row = mtp_equality.verdict(engines(off, on, COUNTS), KS)["pairs"][0]["cases"][0]
+    assert [p["near_tie"] for p in row["partings"]] == [True, False]
+    assert row["close"] is False
+
+
 def test_a_shorter_output_is_unequal():
     row = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2]], COUNTS), KS)["pairs"][0]["cases"][0]
     assert row["equal"] is False and row["position"] == 2
@@ -173,6 +192,6 @@ def test_markdown_renders():
     text = mtp_equality.markdown(result)
     assert "#### mtp-on-k1 vs mtp-off" in text
     assert "#### mtp-on-offload-k2 vs mtp-off-offload" in text
-    assert "| 100 | 1 | False | request 0, generated token 1" in text
+    assert "| 100 | 1 | 1 of 3 | False | False | request 0, generated token 1" in text
     assert "acceptance (accepted / drafted tokens): 0.450" in text and "ok: False" in text
     assert "drafter weights in pinned host memory (UVA): 7 tensors, 4096 bytes" in text

@@ -7,9 +7,26 @@ import json
 import narrow_head
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 VOCAB, HIDDEN = 16, 4
+
+
+def _bf16_shard(path, name, values):
+    """A one-tensor BF16 safetensors file, framed by hand (numpy has no bfloat16):
+    the values must be exact in BF16 (float32 with the low 16 bits zero)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    assert not (bits & 0xFFFF).any()
+    data = (bits >> 16).astype("<u2").tobytes()
+    header = {name: {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, len(data)]},
+              "__metadata__": {"format": "pt"}}  # fmt: skip
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def _bf16_exact(values):
+    return (np.asarray(values, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
 
 
 @pytest.fixture
@@ -17,43 +34,56 @@ def checkpoint(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     rng = np.random.default_rng(0)
-    head = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    head = _bf16_exact(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32))
     embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float16)
-    save_file({"mtp.fc.weight": np.ones((2, 2), np.float32), "lm_head.weight": head},
-              str(src / "b.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    _bf16_shard(src / "b.safetensors", "lm_head.weight", head)
     save_file({"model.embed_tokens.weight": embed}, str(src / "a.safetensors"))
-    weight_map = {"lm_head.weight": "b.safetensors", "mtp.fc.weight": "b.safetensors",
-                  "model.embed_tokens.weight": "a.safetensors"}  # fmt: skip
+    weight_map = {"lm_head.weight": "b.safetensors", "model.embed_tokens.weight": "a.safetensors"}
     (src / narrow_head.INDEX).write_text(json.dumps({"weight_map": weight_map}))
     (src / "config.json").write_text("{}")
     return src, head
 
 
-def test_only_the_kept_rows_survive_and_everything_else_is_copied(checkpoint, tmp_path):
+def _read_bf16(path, name):
+    size = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8 : 8 + size])
+    begin, end = header[name]["data_offsets"]
+    raw = path.read_bytes()[8 + size + begin : 8 + size + end]
+    return narrow_head._to_float32(raw, "BF16").reshape(header[name]["shape"])
+
+
+def test_the_kept_rows_stay_and_the_others_shrink(checkpoint, tmp_path):
     src, head = checkpoint
     dst = narrow_head.narrow(src, tmp_path / "dst", (3, 11))
 
-    tensors = load_file(str(dst / "b.safetensors"))
-    narrowed = tensors["lm_head.weight"]
-    assert narrowed.dtype == np.float32 and narrowed.shape == head.shape
+    narrowed = _read_bf16(dst / "b.safetensors", "lm_head.weight")
     assert np.array_equal(narrowed[[3, 11]], head[[3, 11]])
     others = [r for r in range(VOCAB) if r not in (3, 11)]
-    assert not narrowed[others].any()
-    assert np.array_equal(tensors["mtp.fc.weight"], np.ones((2, 2), np.float32))
-    # Greedy over the narrowed head: a kept token, or token 0 when both kept
-    # logits are negative (exact ties at 0; argmax takes the first).
-    hidden = np.random.default_rng(1).standard_normal((64, HIDDEN)).astype(np.float32)
-    picks = set((hidden @ narrowed.T).argmax(axis=-1).tolist())
-    assert picks <= {0, 3, 11} and len(picks) > 1
-    # Same header (metadata included), same size: only the head's bytes changed.
+    # Scaled, rounded back to BF16 (8 bits of mantissa): within 2**-8 relative.
+    assert np.allclose(narrowed[others], head[others] * narrow_head.SHRINK, rtol=2**-8, atol=0)
+    assert len(np.unique(narrowed[others])) > 1  # distinct: no exact ties
+    # Greedy mostly picks a kept token.
+    hidden = np.random.default_rng(1).standard_normal((256, HIDDEN)).astype(np.float32)
+    picks = (hidden @ narrowed.T).argmax(axis=-1)
+    assert np.isin(picks, [3, 11]).mean() > 0.6
+    # Same header, same size: only the head's bytes changed.
     a, b = (src / "b.safetensors").read_bytes(), (dst / "b.safetensors").read_bytes()
-    assert len(a) == len(b) and a[:64] == b[:64]
+    header_end = 8 + int.from_bytes(a[:8], "little")
+    assert len(a) == len(b) and a[:header_end] == b[:header_end]
     assert (dst / "a.safetensors").read_bytes() == (src / "a.safetensors").read_bytes()
     assert (dst / "config.json").read_text() == "{}"
-    assert json.loads((dst / narrow_head.RECORD).read_text())["kept_tokens"] == [3, 11]
+    record = json.loads((dst / narrow_head.RECORD).read_text())
+    assert record["kept_tokens"] == [3, 11] and record["others_scaled_by"] == narrow_head.SHRINK
 
 
-@pytest.mark.parametrize("tokens", [(0,), (VOCAB,), ()])
+def test_bf16_rounds_to_nearest_even_like_torch():
+    one_and_a_half_ulp = np.array([1.0 + 3 * 2**-9], np.float32)  # between 1+2**-8 and 1+2**-7
+    assert narrow_head._to_float32(narrow_head._from_float32(one_and_a_half_ulp, "BF16"), "BF16")[
+        0
+    ] == np.float32(1.0 + 2**-7)
+
+
+@pytest.mark.parametrize("tokens", [(-1,), (VOCAB,), ()])
 def test_bad_token_ids_are_refused_and_nothing_is_written(checkpoint, tmp_path, tokens):
     src, _ = checkpoint
     with pytest.raises(narrow_head.NarrowHeadError, match="--tokens"):
