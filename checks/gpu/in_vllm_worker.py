@@ -73,8 +73,10 @@ def uva_offloaded() -> dict[str, Any]:
     import torch
 
     found: dict[int, tuple[str, torch.Tensor]] = {}
+    modules = 0
     for obj in gc.get_objects():
         if isinstance(obj, torch.nn.Module):
+            modules += 1
             for name, p in obj.named_parameters(recurse=False):
                 if getattr(p, "_vllm_is_uva_offloaded", False):
                     found[id(p)] = (f"{type(obj).__name__}.{name}", p)
@@ -82,6 +84,7 @@ def uva_offloaded() -> dict[str, Any]:
         "params": len(found),
         "bytes": sum(p.numel() * p.element_size() for _, p in found.values()),
         "names": sorted(name for name, _ in found.values()),
+        "modules_seen": modules,
     }
 
 
