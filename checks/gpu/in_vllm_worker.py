@@ -64,30 +64,6 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def uva_offloaded() -> dict[str, Any]:
-    """The parameters vLLM's UVA offloader left in pinned host memory, read in
-    place by the GPU (the engine runs in this process: no V1 multiprocessing).
-    Found through the live modules: gc tracks nn.Module objects, not tensors."""
-    import gc
-
-    import torch
-
-    found: dict[int, tuple[str, torch.Tensor]] = {}
-    modules = 0
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.nn.Module):
-            modules += 1
-            for name, p in obj.named_parameters(recurse=False):
-                if getattr(p, "_vllm_is_uva_offloaded", False):
-                    found[id(p)] = (f"{type(obj).__name__}.{name}", p)
-    return {
-        "params": len(found),
-        "bytes": sum(p.numel() * p.element_size() for _, p in found.values()),
-        "names": sorted(name for name, _ in found.values()),
-        "modules_seen": modules,
-    }
-
-
 SPEC_DECODE_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -263,7 +239,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "ple_gather_hooked": gather_hooked,
         "peak_vram_bytes": torch.cuda.max_memory_allocated(),
         "vram_allocated_bytes": torch.cuda.memory_allocated(),
-        "uva_offloaded": uva_offloaded() if spec.get("cpu_offload") else None,
         "mean_top1_logprob": mean_top1_logprob([r for rs in cases.values() for r in rs]),
         "cases": cases,
         "timing": timing,

@@ -43,6 +43,7 @@ which.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,6 +65,20 @@ ACCEPTANCE_BAND = (0.2, 0.9)
 # --cpu-offload-gb for the serving-setup engine: a cap, not a size; the tiny
 # drafter's experts and embedding are a few MiB, the segments pick them.
 UVA_CAP_GIB = 1.0
+# Patch 0031's line once the drafter's weights are loaded (the engine core may
+# run in another process, so its log is the witness).
+HOST_WEIGHTS = re.compile(
+    r"MTP drafter: (\d+) weights in pinned host memory \((\d+) bytes\), (\d+) returned"
+)
+
+
+def host_weights(log: str) -> dict[str, int] | None:
+    """What patch 0031 logged about the drafter's host-resident weights (last line)."""
+    found = HOST_WEIGHTS.findall(log)
+    if not found:
+        return None
+    params, nbytes, returned = (int(n) for n in found[-1])
+    return {"params": params, "bytes": nbytes, "returned_from_device": returned}
 
 
 @dataclass(frozen=True)
@@ -216,9 +231,9 @@ def pair_verdict(pair: Pair, records: dict[str, dict[str, Any]]) -> dict[str, An
         },
     }
     if "offload" in pair.on:  # the drafter's weights must really have left VRAM
-        uva = on.get("uva_offloaded") or {}
-        doc["uva_offloaded"] = uva
-        doc["drafter_in_host_memory"] = uva.get("bytes", 0) > 0
+        held = on.get("host_weights") or {}
+        doc["host_weights"] = held
+        doc["drafter_in_host_memory"] = held.get("bytes", 0) > 0
     doc["ok"] = (
         bool(doc["cases"])
         and all(r["close"] for r in doc["cases"])
@@ -278,10 +293,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"acceptance (accepted / drafted tokens): {rate}, band {ACCEPTANCE_BAND}: "
             f"{p['acceptance_in_band']}; counts {p['spec_decode']}",
         ]
-        if "uva_offloaded" in p:
-            uva = p["uva_offloaded"]
-            lines.append(f"drafter weights in pinned host memory (UVA): {uva.get('params', 0)} "
-                         f"tensors, {uva.get('bytes', 0)} bytes")  # fmt: skip
+        if "host_weights" in p:
+            held = p["host_weights"]
+            lines.append(f"drafter weights in pinned host memory (UVA): {held.get('params', 0)} "
+                         f"tensors, {held.get('bytes', 0)} bytes, "
+                         f"{held.get('returned_from_device', 0)} returned from the device "
+                         "after loading (patch 0031's log)")  # fmt: skip
     d = v["decode"]
     lines += ["", f"decode tok/s at batch 1 without MTP: {d['off_tok_s']}"]
     for key, row in d.items():
@@ -326,6 +343,10 @@ def main() -> int:
         records = {name: f.result() for name, f in futures.items()}
     for arm in timed:  # one at a time, alone on the GPU
         records[arm.name] = launch_or_reuse(arm, specs[arm.name], args)
+    for name, record in records.items():
+        log = args.raw / f"{name}.log"
+        if log.exists():
+            record["host_weights"] = host_weights(log.read_text(errors="replace"))
     result = {
         "schema_version": 2,
         "run_id": args.run_id,

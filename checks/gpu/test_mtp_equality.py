@@ -29,7 +29,7 @@ def request(ids, margin=3.0):
 KS = [1, 2]
 
 
-def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4"), uva_bytes=4096):
+def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4"), host_bytes=4096):
     """Records of every compared and timed engine of a run with K = 1 and 2."""
     off = {"cases": {c: [request(i) for i in off_ids] for c in cases}}
     on = {"cases": {c: [request(i) for i in on_ids] for c in cases}, "spec_decode": counts}
@@ -39,7 +39,7 @@ def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4"), uva_bytes=4096):
         records[f"mtp-on-k{k}"] = on
         records[f"timing-mtp-on-k{k}"] = {"timing": [{"decode_tok_s": 200.0 + 100 * k}]}
     records[f"mtp-on-offload-k{max(KS)}"] = on | {
-        "uva_offloaded": {"params": 7, "bytes": uva_bytes, "shapes": []}
+        "host_weights": {"params": 7, "bytes": host_bytes, "returned_from_device": 2}
     }
     return records
 
@@ -106,7 +106,7 @@ def test_equal_ids_and_acceptance_in_the_band_pass():
 
 
 def test_the_serving_setup_fails_when_no_drafter_weight_left_vram():
-    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2, 3]], COUNTS, uva_bytes=0), KS)
+    v = mtp_equality.verdict(engines([[1, 2, 3]], [[1, 2, 3]], COUNTS, host_bytes=0), KS)
     assert v["ok"] is False
     assert [p["ok"] for p in v["pairs"]] == [True, True, False]
 
@@ -194,4 +194,15 @@ def test_markdown_renders():
     assert "#### mtp-on-offload-k2 vs mtp-off-offload" in text
     assert "| 100 | 1 | 1 of 3 | False | False | request 0, generated token 1" in text
     assert "acceptance (accepted / drafted tokens): 0.450" in text and "ok: False" in text
-    assert "drafter weights in pinned host memory (UVA): 7 tensors, 4096 bytes" in text
+    assert "drafter weights in pinned host memory (UVA): 7 tensors, 4096 bytes, 2 returned" in text
+
+
+def test_the_host_weights_come_from_patch_0031s_log_line():
+    log = (
+        "INFO [mtp.py:1] MTP drafter: 3 weights in pinned host memory (1000 bytes), "
+        "0 returned there from the device after loading\n"
+        "INFO [mtp.py:1] MTP drafter: 3 weights in pinned host memory (9000 bytes), "
+        "2 returned there from the device after loading\n"
+    )
+    assert mtp_equality.host_weights(log) == {"params": 3, "bytes": 9000, "returned_from_device": 2}
+    assert mtp_equality.host_weights("Total CPU offloaded parameters: 0.01") is None
