@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A copy of the tiny checkpoint whose LM head favours a few tokens (issue 16).
+"""A copy of the tiny checkpoint whose LM head picks among three tokens (issue 16).
 
-    python checks/gpu/narrow_head.py SRC_DIR DST_DIR [--tokens 4096 12288]
+    python checks/gpu/narrow_head.py SRC_DIR DST_DIR [--tokens 4096 12288] [--balance 20480]
 
 The MTP equality run needs a drafter that is right part of the time: a
 random MTP layer over a 32,768-token head agrees with the target almost never,
@@ -9,23 +9,30 @@ so every draft would be rejected and the accepted path (with the state kept
 past a draft) would never run. Training the tiny drafter needs the target's
 forward, which only runs on a GPU.
 
-Instead the copy keeps the LM head rows of `--tokens` and scales every other
-row by SHRINK. The target and the drafter share that head (vLLM's eagle
-loader gives the drafter the target's lm_head), so both mostly choose among
-the kept tokens, and the drafter's choice matches the target's a fair part
-of the time, by chance, with nothing else of either model changed:
-attention, PLE, the experts and the MTP layer all still decide which token
-wins. When every kept logit is low, a shrunken row wins; those logits are
-small but distinct (no exact ties), so vLLM's top-k still ranks them and a
-near tie there is told from a wrong token. (Zeroed rows would tie exactly
-and fill every top-k list with the same zero tokens.)
+Instead the copy keeps the LM head rows of `--tokens`, sets the row of the
+`--balance` token to minus their sum, and zeroes every other row. Whatever
+the hidden state, the kept and balance logits sum to zero, so their largest
+is above zero and above every zeroed row's exact 0: greedy picks one of the
+three, and each engine's top-k lists them first with distinct logits, so a
+near tie between two of them is told from a wrong token by vLLM's rule. The
+target and the drafter share that head (vLLM's eagle loader gives the
+drafter the target's lm_head), so the drafter's choice matches the
+target's a fair part of the time, by chance, with nothing else of either
+model changed: attention, PLE, the experts and the MTP layer all still
+decide which of the three wins.
+
+Measured on the H200 (checks/gpu/RESULTS.md, "MTP on"): zeroed rows alone
+(run mtp1) gave acceptance 0.51 at K=1, mostly through the exact-zero tie
+token, whose ties then filled every top-k list; shrinking the other rows
+instead (mtp2, mtp3) left the drafter right 2-3% of the time. The balance
+row keeps mtp1's three-way choice without the ties.
 
 Only the head's bytes change: the shard holding lm_head.weight is copied and
-the other rows rewritten in place (BF16, F16 or F32), the header and every
-other file copied as they are. DST_DIR is written beside itself and renamed
-into place when complete, so a failed run leaves nothing half-written.
-Imports: the standard library, numpy and the launcher's safetensors header
-reader (launcher/src).
+the head rewritten in place (BF16, F16 or F32), the header and every other
+file copied as they are. DST_DIR is written beside itself and renamed into
+place when complete, so a failed run leaves nothing half-written. Imports:
+the standard library, numpy and the launcher's safetensors header reader
+(launcher/src).
 """
 
 from __future__ import annotations
@@ -49,13 +56,7 @@ from flashnext.facts.safetensors import (  # noqa: E402
 HEAD = "lm_head.weight"
 INDEX = "model.safetensors.index.json"
 DEFAULT_TOKENS = (4096, 12288)
-# The other rows' logits: std ~0.0008 against the kept rows' ~8 for the target.
-# Far below, because the drafter's hidden state reaching the shared head may be
-# much smaller than the target's. Measured on the H200 (checks/gpu/RESULTS.md):
-# exact zeros (run mtp1) gave acceptance 0.51 at K=1 but tie and fill every
-# top-k list; 0.01 (mtp2) and 1e-4 (mtp3) gave 0.02-0.03, below the band: the
-# agreement came from the shared tie token. Still open (issue 16).
-SHRINK = 1e-4
+DEFAULT_BALANCE = 20480
 RECORD = "narrow_head.json"
 
 
@@ -90,7 +91,7 @@ def head_shard(src: Path) -> str:
     return weight_map[HEAD]
 
 
-def narrow(src: Path, dst: Path, tokens: tuple[int, ...]) -> Path:
+def narrow(src: Path, dst: Path, tokens: tuple[int, ...], balance: int = DEFAULT_BALANCE) -> Path:
     if dst.exists():
         raise NarrowHeadError(f"{dst} exists: remove it or pick another DST_DIR")
     shard = head_shard(src)
@@ -100,9 +101,11 @@ def narrow(src: Path, dst: Path, tokens: tuple[int, ...]) -> Path:
         raise NarrowHeadError(str(exc)) from exc
     head = next(t for t in tensors if t.name == HEAD)
     rows = head.shape[0]
-    bad = [t for t in tokens if not 0 <= t < rows]
-    if not tokens or bad:
-        raise NarrowHeadError(f"--tokens {bad or '(none)'}: give ids in 0..{rows - 1}")
+    bad = [t for t in (*tokens, balance) if not 0 <= t < rows]
+    if not tokens or bad or balance in tokens or len(set(tokens)) != len(tokens):
+        raise NarrowHeadError(
+            f"--tokens {list(tokens)} --balance {balance}: give distinct ids in 0..{rows - 1}"
+        )
     if head.dtype not in ("BF16", "F16", "F32"):
         raise NarrowHeadError(f"{HEAD} is {head.dtype}: BF16, F16 or F32 only")
     kept = set(tokens)
@@ -116,12 +119,12 @@ def narrow(src: Path, dst: Path, tokens: tuple[int, ...]) -> Path:
         with (staging / shard).open("r+b") as f:
             f.seek(head.offset_bytes)
             values = _to_float32(f.read(head.nbytes), head.dtype).reshape(rows, -1)
-            others = np.ones(rows, dtype=bool)
-            others[sorted(kept)] = False
-            values[others] *= SHRINK
+            narrowed = np.zeros_like(values)
+            narrowed[sorted(kept)] = values[sorted(kept)]
+            narrowed[balance] = -values[sorted(kept)].sum(axis=0)
             f.seek(head.offset_bytes)
-            f.write(_from_float32(values, head.dtype))
-        record = {"source": str(src), "kept_tokens": sorted(kept), "others_scaled_by": SHRINK}
+            f.write(_from_float32(narrowed, head.dtype))
+        record = {"source": str(src), "kept_tokens": sorted(kept), "balance_token": balance}
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n")
         staging.rename(dst)
     except BaseException:
@@ -135,13 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src_dir", type=Path)
     parser.add_argument("dst_dir", type=Path, help="new directory")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
+    parser.add_argument("--balance", type=int, default=DEFAULT_BALANCE)
     args = parser.parse_args(argv)
     try:
-        path = narrow(args.src_dir, args.dst_dir, tuple(args.tokens))
+        path = narrow(args.src_dir, args.dst_dir, tuple(args.tokens), args.balance)
     except (NarrowHeadError, OSError) as exc:
         print(f"narrow_head: {exc}", file=sys.stderr)
         return 1
-    print(f"{path}: LM head keeps tokens {sorted(args.tokens)}, every other row zero")
+    print(
+        f"{path}: LM head rows {sorted(args.tokens)} kept, {args.balance} = minus their sum, "
+        "every other row zero"
+    )
     return 0
 
 

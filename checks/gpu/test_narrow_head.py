@@ -52,20 +52,25 @@ def _read_bf16(path, name):
     return narrow_head._to_float32(raw, "BF16").reshape(header[name]["shape"])
 
 
-def test_the_kept_rows_stay_and_the_others_shrink(checkpoint, tmp_path):
+def test_greedy_picks_among_the_kept_and_balance_tokens_with_distinct_logits(checkpoint, tmp_path):
     src, head = checkpoint
-    dst = narrow_head.narrow(src, tmp_path / "dst", (3, 11))
+    dst = narrow_head.narrow(src, tmp_path / "dst", (3, 11), balance=7)
 
     narrowed = _read_bf16(dst / "b.safetensors", "lm_head.weight")
     assert np.array_equal(narrowed[[3, 11]], head[[3, 11]])
-    others = [r for r in range(VOCAB) if r not in (3, 11)]
-    # Scaled, rounded back to BF16 (8 bits of mantissa): within 2**-8 relative.
-    assert np.allclose(narrowed[others], head[others] * narrow_head.SHRINK, rtol=2**-8, atol=0)
-    assert len(np.unique(narrowed[others])) > 1  # distinct: no exact ties
-    # Greedy mostly picks a kept token.
-    hidden = np.random.default_rng(1).standard_normal((256, HIDDEN)).astype(np.float32)
-    picks = (hidden @ narrowed.T).argmax(axis=-1)
-    assert np.isin(picks, [3, 11]).mean() > 0.6
+    # Minus the kept rows' sum, rounded back to BF16 (8 bits of mantissa).
+    assert np.allclose(narrowed[7], -(head[3] + head[11]), rtol=2**-8, atol=2**-8)
+    others = [r for r in range(VOCAB) if r not in (3, 7, 11)]
+    assert not narrowed[others].any()
+    # Whatever the hidden state: one of the three wins, above the zero rows, and
+    # the three are the top of the list with distinct logits (no tie flood).
+    hidden = np.random.default_rng(1).standard_normal((512, HIDDEN)).astype(np.float32)
+    logits = hidden @ narrowed.T
+    picks = logits.argmax(axis=-1)
+    assert set(picks.tolist()) == {3, 7, 11}
+    three = logits[:, [3, 7, 11]]
+    assert (three.max(axis=1) > 0).all()
+    assert (np.sort(three, axis=1)[:, 1:] - np.sort(three, axis=1)[:, :-1] > 0).all()
     # Same header, same size: only the head's bytes changed.
     a, b = (src / "b.safetensors").read_bytes(), (dst / "b.safetensors").read_bytes()
     header_end = 8 + int.from_bytes(a[:8], "little")
@@ -73,7 +78,7 @@ def test_the_kept_rows_stay_and_the_others_shrink(checkpoint, tmp_path):
     assert (dst / "a.safetensors").read_bytes() == (src / "a.safetensors").read_bytes()
     assert (dst / "config.json").read_text() == "{}"
     record = json.loads((dst / narrow_head.RECORD).read_text())
-    assert record["kept_tokens"] == [3, 11] and record["others_scaled_by"] == narrow_head.SHRINK
+    assert record["kept_tokens"] == [3, 11] and record["balance_token"] == 7
 
 
 def test_bf16_rounds_to_nearest_even_like_torch():
@@ -83,11 +88,14 @@ def test_bf16_rounds_to_nearest_even_like_torch():
     ] == np.float32(1.0 + 2**-7)
 
 
-@pytest.mark.parametrize("tokens", [(-1,), (VOCAB,), ()])
-def test_bad_token_ids_are_refused_and_nothing_is_written(checkpoint, tmp_path, tokens):
+@pytest.mark.parametrize(
+    ("tokens", "balance"),
+    [((-1,), 7), ((VOCAB,), 7), ((), 7), ((3, 11), 3), ((3, 3), 7), ((3,), VOCAB)],
+)
+def test_bad_token_ids_are_refused_and_nothing_is_written(checkpoint, tmp_path, tokens, balance):
     src, _ = checkpoint
     with pytest.raises(narrow_head.NarrowHeadError, match="--tokens"):
-        narrow_head.narrow(src, tmp_path / "dst", tokens)
+        narrow_head.narrow(src, tmp_path / "dst", tokens, balance)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
