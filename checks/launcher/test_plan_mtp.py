@@ -14,7 +14,7 @@ from flashnext.plan import qsa_sizing
 from flashnext.plan.command import plan_json, serve_command
 from flashnext.plan.host_pools import pow2_ceil
 from flashnext.plan.mtp import (
-    EMBED_PARAM,
+    EMBED_PREFIX,
     MtpLoad,
     cpu_offload_gib,
     drafter_offload_params,
@@ -66,14 +66,17 @@ def test_needs_are_the_checkpoints_mtp_layer(full_model):
     # SPEC / issue 16: the MTP layer is 4.86 GiB, of which 4.69 GiB BF16 experts.
     assert round((n.layer_bytes + n.other_bytes) / GIB, 2) == 4.86
     assert round(n.routed_expert_bytes / GIB, 2) == 4.69
-    # Its own BF16 embedding under PP>1: 248,320 x 2560 x 2 bytes.
-    assert n.embed_bytes == 248_320 * 2560 * 2
+    # Its own copy of the target's INT8 g128 embedding under PP>1 (patch 0033):
+    # 248,320 x 2560 bytes packed, one BF16 scale per 128, the int64 shape.
+    assert n.embed_bytes == 248_320 * 2560 + 248_320 * 20 * 2 + 16
     assert n.num_layers == 1 and n.offload_params == SEGMENTS
     # What stays in VRAM: the layer without its experts, fc/norms/mixer.
     assert n.resident_bytes == 141_769_216 + 39_367_680
-    # vLLM fuses gate+up into w13, down into w2; the embedding is one parameter.
+    # vLLM fuses gate+up into w13, down into w2; the embedding keeps the target's tensors.
     assert n.offloaded_params == {
-        EMBED_PARAM: n.embed_bytes,
+        f"{EMBED_PREFIX}weight_packed": 248_320 * 2560,
+        f"{EMBED_PREFIX}weight_scale": 248_320 * 20 * 2,
+        f"{EMBED_PREFIX}weight_shape": 16,
         "mtp.layers.48.mlp.experts.w13_weight": 2 * 1_677_721_600,
         "mtp.layers.48.mlp.experts.w2_weight": 1_677_721_600,
     }
@@ -91,13 +94,13 @@ def test_int4_experts_are_packed_scales_and_shapes(full_model_int4):
     shapes = 3 * 512 * 16  # gate/up/down x 512 experts x int64 [out, in]
     assert n.routed_expert_bytes == int4_bytes(5_033_164_800) + shapes
     assert set(n.offloaded_params) == {
-        EMBED_PARAM,
+        *(f"{EMBED_PREFIX}{s}" for s in ("weight_packed", "weight_scale", "weight_shape")),
         *(f"mtp.layers.48.mlp.experts.{w}_{s}" for w in ("w13", "w2")
           for s in ("weight_packed", "weight_scale", "weight_shape")),
     }  # fmt: skip
     # PyTorch's pinned allocator rounds each parameter up to a power of two.
     assert n.pinned_weight_bytes == sum(pow2_ceil(b) for b in n.offloaded_params.values())
-    assert pow2_ceil(n.embed_bytes) == 2 * GIB
+    assert pow2_ceil(n.offloaded_params[f"{EMBED_PREFIX}weight_packed"]) == GIB
 
 
 # ---------------------------------------------------------------- the offloader's segments
@@ -124,7 +127,7 @@ def test_segments_select_exactly_the_drafters_experts_and_embedding(full_model):
     experts = {n for n in names if DRAFTER_EXPERT.match(n)}
     assert len(experts) == 512 * 3 and selected == experts
     # The drafter's own embedding (vLLM's name for it); not the target's.
-    assert offload_selects(segments, EMBED_PARAM)
+    assert offload_selects(segments, f"{EMBED_PREFIX}weight_packed")
     assert not offload_selects(segments, "embed_tokens.weight_packed")
     # Of the drafter's layer, the fused experts only (vLLM's parameter names).
     for param, hit in [
@@ -195,7 +198,7 @@ def test_3x3090_with_int4_experts_fits_on_rank_2_with_the_offload_argv(full_mode
     assert [json.loads(v[0]) for v in flags["--speculative-config"]] == [
         {"method": "mtp", "num_speculative_tokens": 1}
     ]
-    assert flags["--cpu-offload-gb"] == [[cpu_offload_gib(n.offloaded_bytes)]] == [["2.40"]]
+    assert flags["--cpu-offload-gb"] == [[cpu_offload_gib(n.offloaded_bytes)]] == [["1.81"]]
     assert flags["--cpu-offload-params"] == [list(SEGMENTS)]
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(p.kv_cache_memory_bytes.value)
 

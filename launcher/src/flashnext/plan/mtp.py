@@ -15,8 +15,9 @@ leaves where:
   indexer key per token. The planner counts its layer as one more QSA layer of
   the last rank (QsaShape.drafter_qsa_layers) and sizes
   --kv-cache-memory-bytes with the resident bytes on that rank.
-- pinned host memory: the routed experts and the embedding (vocab x hidden in
-  BF16: under PP>1 vLLM does not share the target's, which sits on rank 0;
+- pinned host memory: the routed experts and the embedding (a copy of the
+  target's tensors as stored, INT8 in the shipped checkpoint, patch 0033:
+  under PP>1 vLLM does not share the target's, which sits on rank 0;
   `spec_decode/eagle/utils.py maybe_share_target_embed`), each parameter
   rounded up to a power of two by PyTorch's pinned allocator (`pin_memory()`
   in the offloader), and its layer's K/V arena (with the QSA pools).
@@ -48,8 +49,12 @@ ROUTED = ".mlp.experts."
 LM_HEAD_PREFIX = "lm_head."
 GROUP = 128  # INT4 g128, the scheme the target's experts use
 BF16_BYTES = 2
-EMBED_PARAM = "mtp.embed_tokens.weight"
-"""The drafter's own embedding, as the offloader names it (one BF16 parameter)."""
+TARGET_EMBED = "model.language_model.embed_tokens."
+"""The checkpoint's embedding tensors: the drafter loads these (it has none of its own)."""
+EMBED_PREFIX = "mtp.embed_tokens."
+"""The drafter's copy, as the offloader names it; patch 0033 gives it the scheme of the
+tensors it loads (INT8 g128 packed in the shipped checkpoint: weight_packed, weight_scale,
+weight_shape)."""
 INT4_FIX = "flashnext checkpoint mtp-int4"
 _MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.(.*)$")
 # A routed expert tensor as stored: gate/up fuse into vLLM's w13, down is w2.
@@ -103,7 +108,7 @@ class MtpNeeds:
     other_bytes: int
     """fc_embedding, fc_hidden, norms, the HC mixer."""
     embed_bytes: int
-    """The drafter's own embed_tokens under PP>1 (BF16)."""
+    """The drafter's own embed_tokens under PP>1: the target's embedding tensors as stored."""
     num_layers: int = 1
     """MTP decoder layers (text_config mtp_num_hidden_layers): QSA layers, all of them."""
     offload_params: tuple[str, ...] = ()
@@ -264,8 +269,18 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
     num_hidden = int(text_config["num_hidden_layers"])
     num_mtp = int(text_config.get("mtp_num_hidden_layers", 1))
     segments = drafter_offload_params(num_hidden, num_mtp)
-    embed = int(text_config["vocab_size"]) * int(text_config["hidden_size"]) * BF16_BYTES
-    offloaded = {EMBED_PARAM: embed}
+    # The drafter's embedding is the target's tensors as stored (patch 0033); BF16
+    # vocab x hidden when the checkpoint has none under the usual name.
+    offloaded = {
+        EMBED_PREFIX + name.removeprefix(TARGET_EMBED): nbytes
+        for name, nbytes in bytes_by_class.items()
+        if name.startswith(TARGET_EMBED)
+    } or {
+        f"{EMBED_PREFIX}weight": int(text_config["vocab_size"])
+        * int(text_config["hidden_size"])
+        * BF16_BYTES
+    }
+    embed = sum(offloaded.values())
     for name, nbytes in bytes_by_class.items():
         full = offloader_name(name, num_hidden)
         if full is not None and offload_selects(segments, full):
