@@ -24,11 +24,15 @@ tokens and arena bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from test_qsa_block_size import REAL_SHAPES
+from test_qsa_offload_layer import INDEXER as TINY_INDEXER
+from test_qsa_offload_layer import TINY as TINY_WITHOUT_MTP
 from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +40,6 @@ sys.path.insert(0, str(REPO / "launcher" / "src"))
 
 from flashnext import qsa_sizing  # noqa: E402
 from flashnext.plan import host_pools  # noqa: E402
-from flashnext.skeleton.configs import full_text_config  # noqa: E402
 
 PATCH = "0032-qsa-offload-block-size-mtp.patch"
 MTP = {"mtp_num_hidden_layers": 1}
@@ -45,41 +48,10 @@ KV_REAL_BYTES = 550_000_000  # per rank, the 3x3090 profile's figure
 KV_TINY_BYTES = 2 << 20
 LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
 
-_SHIPPED = full_text_config()
-REAL_SHAPES = {
-    key: _SHIPPED[key]
-    for key in (
-        "hidden_size", "num_hidden_layers", "full_attention_interval",
-        "num_attention_heads", "num_key_value_heads", "head_dim",
-        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-        "linear_value_head_dim", "linear_conv_kernel_dim", "indexer_n_heads",
-        "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio",
-        "mamba_ssm_dtype", "hc_count", "hc_lowrank",
-    )
-} | {"partial_rotary_factor": _SHIPPED["rope_parameters"]["partial_rotary_factor"]}  # fmt: skip
-# The real model with one MTP layer and one draft token, in the planner's terms.
+# The shipped shapes (test_qsa_block_size.py) and the tiny model's indexer and
+# planner shape (test_qsa_offload_layer.py), with one MTP layer and one draft token.
 REAL = qsa_sizing.QsaShape(num_speculative_tokens=1, drafter_qsa_layers=1)
-
-TINY_INDEXER = {
-    "indexer_n_heads": 4,
-    "indexer_kv_heads": 1,
-    "indexer_head_dim": 32,
-    "indexer_budget": 64,
-    "indexer_compress_ratio": 4,
-    "partial_rotary_factor": 0.25,
-}
-TINY = qsa_sizing.QsaShape(
-    num_hidden_layers=7,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=32,
-    linear_value_head_dim=32,
-    indexer_head_dim=32,
-    num_speculative_tokens=1,
-    drafter_qsa_layers=1,
-)
+TINY = dataclasses.replace(TINY_WITHOUT_MTP, num_speculative_tokens=1, drafter_qsa_layers=1)
 DRAFTER_QSA = "mtp.layers.7.self_attn.attn"
 
 
