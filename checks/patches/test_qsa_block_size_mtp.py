@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from qsa_offload_cpu import offload_on_cpu
 from test_qsa_block_size import REAL_SHAPES
 from test_qsa_offload_layer import INDEXER as TINY_INDEXER
 from test_qsa_offload_layer import TINY as TINY_WITHOUT_MTP
@@ -53,20 +54,6 @@ LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
 REAL = qsa_sizing.QsaShape(num_speculative_tokens=1, drafter_qsa_layers=1)
 TINY = dataclasses.replace(TINY_WITHOUT_MTP, num_speculative_tokens=1, drafter_qsa_layers=1)
 DRAFTER_QSA = "mtp.layers.7.self_attn.attn"
-
-
-class CpuArena:
-    """HostArena's interface over plain CPU memory (no cudaHostRegister here)."""
-
-    def __init__(self, shape, dtype, device):
-        import torch
-
-        self.host = torch.zeros(shape, dtype=dtype)
-        self.device_view = self.host
-        self.nbytes = self.host.numel() * self.host.element_size()
-
-    def release(self):
-        self.device_view = self.host = None
 
 
 def _specs_with_drafter(model_dir: Path, pp_size: int):
@@ -100,17 +87,7 @@ def _specs_with_drafter(model_dir: Path, pp_size: int):
 @pytest.fixture(scope="module")
 def offload_env():
     mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_QSA_KV_OFFLOAD", "1")
-    import vllm.models.qwen4_exp.nvidia.model  # noqa: F401
-    import vllm.models.qwen4_exp.nvidia.qsa as qsa
-
-    mp.setattr(qsa, "is_flash_attn_varlen_func_available", lambda: True)
-    try:
-        from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
-
-        mp.setattr(qsa_offload, "HostArena", CpuArena)
-    except ImportError:
-        pass  # stock tree: no offload module; the proofs fail on the block size
+    offload_on_cpu(mp)
     yield
     mp.undo()
 

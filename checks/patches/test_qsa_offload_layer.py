@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from qsa_offload_cpu import CpuArena, offload_on_cpu
 from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,50 +50,19 @@ TINY = qsa_sizing.QsaShape(
 )
 
 
-class CpuArena:
-    """HostArena's interface over plain CPU memory (no cudaHostRegister here)."""
-
-    created: list[CpuArena] = []
-
-    def __init__(self, shape, dtype, device):
-        self.host = torch_zeros(shape, dtype)
-        self.device_view = self.host
-        self.nbytes = self.host.numel() * self.host.element_size()
-        self.released = False
-        CpuArena.created.append(self)
-
-    def release(self):
-        self.released = True
-        self.device_view = self.host = None
-
-
-def torch_zeros(shape, dtype):
-    import torch
-
-    return torch.zeros(shape, dtype=dtype)
-
-
 @pytest.fixture(scope="module")
 def offloaded(tmp_path_factory: pytest.TempPathFactory):
     """(config, specs, kv cache config, bound caches, the QSA layer)."""
     import torch
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_QSA_KV_OFFLOAD", "1")
-    import vllm.models.qwen4_exp.nvidia.model  # noqa: F401  (qsa imports model)
+    offload_on_cpu(mp)
     import vllm.models.qwen4_exp.nvidia.qsa as qsa
     from vllm.platforms.interface import Platform
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
     from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache_to_layers
 
-    mp.setattr(qsa, "is_flash_attn_varlen_func_available", lambda: True)
-    try:
-        from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
-
-        mp.setattr(qsa_offload, "HostArena", CpuArena)
-    except ImportError:
-        pass  # stock tree: no offload module; the proofs fail on the spec
     model_dir = write_tiny_qwen4_exp(
         tmp_path_factory.mktemp("tiny-qwen4-exp-qsa"), text_overrides=INDEXER
     )
