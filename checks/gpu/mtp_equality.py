@@ -4,10 +4,15 @@
         --out OUT_DIR --raw RAW_DIR --run-id N [--speculative-tokens 1 2]
 
 Engines of the patched tree (checks/gpu/kit) on a tiny checkpoint with one
-MTP layer (checks/gpu/tiny_model.py, its LM head narrowed to a few tokens by
-checks/gpu/narrow_head.py so that the drafter is right part of the time),
-each its own process (in_vllm_worker.py), with the 3x3090 profile's
-scheduler, FULL_DECODE_ONLY graphs and PLE from the packed table:
+MTP layer (checks/gpu/tiny_model.py, its LM head narrowed to three tokens by
+checks/gpu/narrow_head.py), each its own process (in_vllm_worker.py), with
+the 3x3090 profile's scheduler, FULL_DECODE_ONLY graphs and PLE from the
+packed table. `--drafters` adds copies whose MTP layer echoes the target at
+a gain each (checks/gpu/echo_drafter.py): the gain sets how often the
+drafter is right, so one run shows the output unchanged from a drafter that
+is almost never right to one that nearly always is. Each MTP engine below
+then runs once per drafter (names end in -gG), the serving setup for the
+`--serving-gains` ones:
 
   mtp-off           no speculative decoding, QSA K/V in VRAM
   mtp-on-kK         --speculative-config {"method": "mtp", "num_speculative_tokens": K}
@@ -31,11 +36,12 @@ vLLM's own count, accepted / drafted tokens. Then mtp-off and each
 mtp-on-kK are timed alone at batch 1 (3,000-token prompt, 128 decoded
 tokens) and the decode ratio printed.
 
-Exit 0 when every case is equal or parts only at near ties, every mtp-on
-engine's acceptance is between 0.2 and 0.9 (both the accepted path and the
-rejections with their state rollback really ran) and the serving-setup
-engine really read the drafter's weights from host memory (vLLM's
-UVA-offloaded parameters, counted in the engine's process). This is our
+Exit 0 when every case of every MTP engine is equal or parts only at near
+ties, the serving-setup engines really held the drafter's weights in host
+memory (patch 0031's log line), and for at least one drafter every engine's
+acceptance is between 0.2 and 0.9 (both the accepted path and the
+rejections with their state rollback really ran). The timed engines use
+that drafter. This is our
 pinned vLLM on the host's torch, not the pinned torch 2.14: the JSON says
 which.
 """
@@ -45,6 +51,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from argparse import Namespace
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +73,8 @@ ACCEPTANCE_BAND = (0.2, 0.9)
 # --cpu-offload-gb for the serving-setup engine: a cap, not a size; the tiny
 # drafter's experts and embedding are a few MiB, the segments pick them.
 UVA_CAP_GIB = 1.0
+# echo_drafter.RECORD (that module needs numpy; this one runs on the host's python).
+ECHO_RECORD = "echo_drafter.json"
 # Patch 0031's line once the drafter's weights are loaded (the engine core may
 # run in another process, so its log is the witness).
 HOST_WEIGHTS = re.compile(
@@ -87,6 +97,7 @@ class Arm:
     speculative_tokens: int  # 0: no MTP
     offload: bool  # QSA K/V in host RAM; with MTP also the drafter's experts + embedding
     timed: bool = False
+    gain: float | None = None  # the echo drafter's gain (echo_drafter.py); None: --model as is
 
     def run(self) -> Run:
         return Run(self.name, "patched", "mtp", "full_decode_only", "packed",
@@ -97,27 +108,54 @@ class Arm:
 class Pair:
     off: str
     on: str
+    gain: float | None = None
 
 
-def compared_arms(ks: list[int]) -> list[Arm]:
+def on_name(k: int, offload: bool, gain: float | None) -> str:
+    base = f"mtp-on-offload-k{k}" if offload else f"mtp-on-k{k}"
+    return base if gain is None else f"{base}-g{gain:g}"
+
+
+def compared_arms(
+    ks: list[int],
+    gains: Sequence[float | None] = (None,),
+    serving_gains: Sequence[float | None] | None = None,
+) -> list[Arm]:
+    """mtp-off and mtp-off-offload; per drafter gain, MTP at every K; the
+    serving setup (K/V and drafter weights in host RAM) at the largest K for
+    `serving_gains` (default: every gain)."""
     top = max(ks)
-    return (
-        [Arm("mtp-off", 0, False)]
-        + [Arm(f"mtp-on-k{k}", k, False) for k in ks]
-        + [Arm("mtp-off-offload", 0, True), Arm(f"mtp-on-offload-k{top}", top, True)]
-    )
+    arms = [Arm("mtp-off", 0, False), Arm("mtp-off-offload", 0, True)]
+    for g in gains:
+        arms += [Arm(on_name(k, False, g), k, False, gain=g) for k in ks]
+    for g in gains if serving_gains is None else serving_gains:
+        arms.append(Arm(on_name(top, True, g), top, True, gain=g))
+    return arms
 
 
-def timed_arms(ks: list[int]) -> list[Arm]:
+def timed_arms(ks: list[int], gain: float | None = None) -> list[Arm]:
+    """Timed alone at batch 1: mtp-off, and MTP at every K with one drafter."""
     return [Arm("timing-mtp-off", 0, False, timed=True)] + [
-        Arm(f"timing-mtp-on-k{k}", k, False, timed=True) for k in ks
+        Arm(f"timing-mtp-on-k{k}", k, False, timed=True, gain=gain) for k in ks
     ]
 
 
-def pairs(ks: list[int]) -> list[Pair]:
-    return [Pair("mtp-off", f"mtp-on-k{k}") for k in ks] + [
-        Pair("mtp-off-offload", f"mtp-on-offload-k{max(ks)}")
+def pairs(arms: list[Arm]) -> list[Pair]:
+    """Each MTP engine against the mtp-off engine of its K/V placement."""
+    return [
+        Pair("mtp-off-offload" if a.offload else "mtp-off", a.name, a.gain)
+        for a in arms
+        if a.speculative_tokens and not a.timed
     ]
+
+
+def drafter_models(dirs: list[Path]) -> dict[float, Path]:
+    """Echo-drafter copies by gain, from each copy's record (echo_drafter.py)."""
+    found = {}
+    for d in dirs:
+        record = json.loads((Path(d) / ECHO_RECORD).read_text())
+        found[float(record["gain"])] = Path(d)
+    return found
 
 
 def text_config(model: Path) -> dict[str, Any]:
@@ -126,7 +164,9 @@ def text_config(model: Path) -> dict[str, Any]:
 
 
 def engine_spec(arm: Arm, args, cases, timed_prompt) -> dict[str, Any]:
-    spec = in_vllm_ab.worker_spec(arm.run(), args, cases, [timed_prompt])
+    model = args.model if arm.gain is None else args.drafter_models[arm.gain]
+    spec = in_vllm_ab.worker_spec(arm.run(), Namespace(**{**vars(args), "model": model}),
+                                  cases, [timed_prompt])  # fmt: skip
     spec["timed_batches"] = [[timed_prompt]] if arm.timed else []
     spec["max_new_tokens"] = NEW_TOKENS
     spec["prompt_logprobs"] = False  # only the generated tokens are compared
@@ -221,6 +261,7 @@ def pair_verdict(pair: Pair, records: dict[str, dict[str, Any]]) -> dict[str, An
     doc = {
         "off": pair.off,
         "on": pair.on,
+        "gain": pair.gain,
         "cases": case_rows(records.get(pair.off, {}), on),
         "spec_decode": on.get("spec_decode"),
         "acceptance": rate,
@@ -230,17 +271,41 @@ def pair_verdict(pair: Pair, records: dict[str, dict[str, Any]]) -> dict[str, An
             "on": on.get("vram_allocated_bytes"),
         },
     }
+    doc["close"] = bool(doc["cases"]) and all(r["close"] for r in doc["cases"])
     if "offload" in pair.on:  # the drafter's weights must really have left VRAM
         held = on.get("host_weights") or {}
         doc["host_weights"] = held
         doc["drafter_in_host_memory"] = held.get("bytes", 0) > 0
     doc["ok"] = (
-        bool(doc["cases"])
-        and all(r["close"] for r in doc["cases"])
-        and doc["acceptance_in_band"]
-        and doc.get("drafter_in_host_memory", True)
+        doc["close"] and doc["acceptance_in_band"] and doc.get("drafter_in_host_memory", True)
     )
     return doc
+
+
+def gain_rows(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per drafter: its engines' acceptance, and whether every one of them is
+    in the band with output equal (or parting at near ties only)."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for v in verdicts:
+        row = rows.setdefault(v["gain"], {"gain": v["gain"], "acceptance": {}, "ok": True})
+        row["acceptance"][v["on"]] = v["acceptance"]
+        row["ok"] = row["ok"] and v["ok"]
+    return list(rows.values())
+
+
+def proving_gain(rows: list[dict[str, Any]]) -> float | None:
+    """The drafter the timed engines use: of those whose every engine passed,
+    the one with the highest mean acceptance; else the largest gain."""
+
+    def mean_rate(row):
+        rates = [r for r in row["acceptance"].values() if r is not None]
+        return sum(rates) / len(rates) if rates else 0.0
+
+    passed = [r for r in rows if r["ok"]]
+    if passed:
+        return max(passed, key=mean_rate)["gain"]
+    gains = [r["gain"] for r in rows if r["gain"] is not None]
+    return max(gains) if gains else None
 
 
 def decode_ratios(records: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, Any]:
@@ -255,14 +320,24 @@ def decode_ratios(records: dict[str, dict[str, Any]], ks: list[int]) -> dict[str
     return doc
 
 
-def verdict(records: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, Any]:
+def verdict(
+    records: dict[str, dict[str, Any]], ks: list[int], arms: list[Arm] | None = None
+) -> dict[str, Any]:
+    """ok: every MTP engine's output equals mtp-off's (or parts at near ties
+    only), at every gain; the serving setup's drafter weights were in host
+    memory; and at least one drafter had every engine's acceptance in the band."""
     errors = {name: r["error"] for name, r in records.items() if "error" in r}
-    verdicts = [pair_verdict(pair, records) for pair in pairs(ks)]
+    verdicts = [pair_verdict(pair, records) for pair in pairs(arms or compared_arms(ks))]
+    rows = gain_rows(verdicts)
     return {
         "pairs": verdicts,
+        "gains": rows,
         "decode": decode_ratios(records, ks),
         "errors": errors,
-        "ok": all(v["ok"] for v in verdicts) and not errors,
+        "ok": bool(verdicts)
+        and all(v["close"] and v.get("drafter_in_host_memory", True) for v in verdicts)
+        and any(r["ok"] for r in rows)
+        and not errors,
     }
 
 
@@ -273,6 +348,17 @@ def markdown(result: dict[str, Any]) -> str:
         f"### MTP greedy equality, run {result['run_id']} ({host['gpu']}, torch {host['torch']}: "
         f"{host['note']})",
     ]
+    if any(row["gain"] is not None for row in v["gains"]):
+        lines += [
+            "",
+            "| echo drafter gain | acceptance per engine | every engine equal (or near ties) "
+            "and in the band |",
+            "|---|---|---|",
+        ]
+        for row in v["gains"]:
+            rates = ", ".join(f"{name} {'-' if r is None else f'{r:.3f}'}"
+                              for name, r in row["acceptance"].items())  # fmt: skip
+            lines.append(f"| {row['gain']:g} | {rates} | {row['ok']} |")
     for p in v["pairs"]:
         rate = "-" if p["acceptance"] is None else f"{p['acceptance']:.3f}"
         lines += [
@@ -300,7 +386,12 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{held.get('returned_from_device', 0)} returned from the device "
                          "after loading (patch 0031's log)")  # fmt: skip
     d = v["decode"]
-    lines += ["", f"decode tok/s at batch 1 without MTP: {d['off_tok_s']}"]
+    gain = result.get("timed_gain")
+    lines += [
+        "",
+        f"decode tok/s at batch 1 without MTP: {d['off_tok_s']}"
+        + ("" if gain is None else f" (MTP engines timed with the gain-{gain:g} drafter)"),
+    ]
     for key, row in d.items():
         if key.startswith("k"):
             ratio = row["on_over_off"]
@@ -323,9 +414,28 @@ def launch_or_reuse(arm: Arm, spec: dict[str, Any], args) -> dict[str, Any]:
 def main() -> int:
     parser = in_vllm_ab.engine_run_parser(__doc__.splitlines()[0])
     parser.add_argument("--speculative-tokens", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--drafters",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="echo-drafter copies of --model (echo_drafter.py), one per gain",
+    )
+    parser.add_argument(
+        "--serving-gains",
+        type=float,
+        nargs="*",
+        default=None,
+        help="the drafters run in the serving setup too (default: all)",
+    )
     parser.add_argument("--reuse", action="store_true", help="read back finished engines")
     args = parser.parse_args()
     ks = sorted(set(args.speculative_tokens))
+    args.drafter_models = drafter_models(args.drafters)
+    gains = sorted(args.drafter_models) or [None]
+    unknown = set(args.serving_gains or ()) - set(args.drafter_models)
+    if unknown:
+        parser.error(f"--serving-gains {sorted(unknown)}: no drafter with that gain in --drafters")
     args.out.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
 
@@ -334,26 +444,32 @@ def main() -> int:
     timed_prompt = in_vllm_ab.make_prompts(args.model, seed=1)[
         f"{in_vllm_ab.TIMED_PROMPT_TOKENS}x1"
     ][0]
-    compared, timed = compared_arms(ks), timed_arms(ks)
-    specs = {arm.name: engine_spec(arm, args, cases, timed_prompt) for arm in compared + timed}
+    compared = compared_arms(ks, gains, args.serving_gains)
     with ThreadPoolExecutor(max_workers=len(compared)) as pool:
         futures = {
-            arm.name: pool.submit(launch_or_reuse, arm, specs[arm.name], args) for arm in compared
+            arm.name: pool.submit(
+                launch_or_reuse, arm, engine_spec(arm, args, cases, timed_prompt), args
+            )
+            for arm in compared
         }
         records = {name: f.result() for name, f in futures.items()}
-    for arm in timed:  # one at a time, alone on the GPU
-        records[arm.name] = launch_or_reuse(arm, specs[arm.name], args)
     for name, record in records.items():
         log = args.raw / f"{name}.log"
         if log.exists():
             record["host_weights"] = host_weights(log.read_text(errors="replace"))
+    # The timed engines use the drafter that passed with the highest acceptance.
+    timed_gain = proving_gain(gain_rows([pair_verdict(p, records) for p in pairs(compared)]))
+    for arm in timed_arms(ks, timed_gain):  # one at a time, alone on the GPU
+        records[arm.name] = launch_or_reuse(arm, engine_spec(arm, args, cases, timed_prompt), args)
     result = {
-        "schema_version": 2,
+        "schema_version": 3,
         "run_id": args.run_id,
         "host": in_vllm_ab.host_facts(args.kit),
         "speculative_tokens": ks,
         "new_tokens": NEW_TOKENS,
-        "verdict": verdict(records, ks),
+        "drafters": {f"{g:g}": str(d) for g, d in args.drafter_models.items()},
+        "timed_gain": timed_gain,
+        "verdict": verdict(records, ks, compared),
     }
     stem = f"mtp_equality-{args.run_id}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")

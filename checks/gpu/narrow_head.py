@@ -38,99 +38,40 @@ the standard library, numpy and the launcher's safetensors header reader
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launcher" / "src"))
-
-from flashnext.facts.safetensors import (  # noqa: E402
-    SafetensorsError,
-    read_safetensors_header,
-)
+from checkpoint_copy import CheckpointEditError, edited_copy
 
 HEAD = "lm_head.weight"
-INDEX = "model.safetensors.index.json"
 DEFAULT_TOKENS = (4096, 12288)
 DEFAULT_BALANCE = 20480
 RECORD = "narrow_head.json"
 
 
-def _to_float32(raw: bytes, dtype: str) -> np.ndarray:
-    if dtype == "BF16":  # the high half of a float32
-        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    return np.frombuffer(raw, dtype="<f2" if dtype == "F16" else "<f4").astype(np.float32)
-
-
-def _from_float32(values: np.ndarray, dtype: str) -> bytes:
-    if dtype == "BF16":  # round to nearest even, as torch's .to(bfloat16)
-        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).astype("<u2").tobytes()
-    return values.astype("<f2" if dtype == "F16" else "<f4").tobytes()
-
-
-class NarrowHeadError(Exception):
-    """The source cannot be narrowed (said how to fix it)."""
-
-
-def head_shard(src: Path) -> str:
-    index = src / INDEX
-    if not index.is_file():
-        raise NarrowHeadError(f"{index} is missing: SRC_DIR must be a sharded checkpoint")
-    weight_map = json.loads(index.read_text()).get("weight_map", {})
-    if HEAD not in weight_map:
-        raise NarrowHeadError(
-            f"{src} has no {HEAD} (tied embeddings?): the head cannot be narrowed "
-            "without narrowing the input embedding too"
-        )
-    return weight_map[HEAD]
-
-
 def narrow(src: Path, dst: Path, tokens: tuple[int, ...], balance: int = DEFAULT_BALANCE) -> Path:
-    if dst.exists():
-        raise NarrowHeadError(f"{dst} exists: remove it or pick another DST_DIR")
-    shard = head_shard(src)
-    try:
-        _, _, tensors = read_safetensors_header(src / shard)
-    except SafetensorsError as exc:
-        raise NarrowHeadError(str(exc)) from exc
-    head = next(t for t in tensors if t.name == HEAD)
-    rows = head.shape[0]
-    bad = [t for t in (*tokens, balance) if not 0 <= t < rows]
-    if not tokens or bad or balance in tokens or len(set(tokens)) != len(tokens):
-        raise NarrowHeadError(
-            f"--tokens {list(tokens)} --balance {balance}: give distinct ids in 0..{rows - 1}"
-        )
-    if head.dtype not in ("BF16", "F16", "F32"):
-        raise NarrowHeadError(f"{HEAD} is {head.dtype}: BF16, F16 or F32 only")
-    kept = set(tokens)
+    def edit(reader):
+        if HEAD not in reader:
+            raise CheckpointEditError(
+                f"{src} has no {HEAD} (tied embeddings?): the head cannot be narrowed "
+                "without narrowing the input embedding too"
+            )
+        head = reader.read(HEAD)
+        rows = head.shape[0]
+        bad = [t for t in (*tokens, balance) if not 0 <= t < rows]
+        if not tokens or bad or balance in tokens or len(set(tokens)) != len(tokens):
+            raise CheckpointEditError(
+                f"--tokens {list(tokens)} --balance {balance}: give distinct ids in 0..{rows - 1}"
+            )
+        kept = sorted(tokens)
+        narrowed = np.zeros_like(head)
+        narrowed[kept] = head[kept]
+        narrowed[balance] = -head[kept].sum(axis=0)
+        return {HEAD: narrowed}
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        for path in src.iterdir():
-            if path.is_file():
-                shutil.copy2(path, staging / path.name)
-        with (staging / shard).open("r+b") as f:
-            f.seek(head.offset_bytes)
-            values = _to_float32(f.read(head.nbytes), head.dtype).reshape(rows, -1)
-            narrowed = np.zeros_like(values)
-            narrowed[sorted(kept)] = values[sorted(kept)]
-            narrowed[balance] = -values[sorted(kept)].sum(axis=0)
-            f.seek(head.offset_bytes)
-            f.write(_from_float32(narrowed, head.dtype))
-        record = {"source": str(src), "kept_tokens": sorted(kept), "balance_token": balance}
-        (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return dst
+    record = {"source": str(src), "kept_tokens": sorted(tokens), "balance_token": balance}
+    return edited_copy(src, dst, edit, RECORD, record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = narrow(args.src_dir, args.dst_dir, tuple(args.tokens), args.balance)
-    except (NarrowHeadError, OSError) as exc:
+    except (CheckpointEditError, OSError) as exc:
         print(f"narrow_head: {exc}", file=sys.stderr)
         return 1
     print(

@@ -88,7 +88,7 @@ def test_each_mtp_engine_drafts_k_tokens_and_only_the_serving_one_offloads(tmp_p
 
 
 def test_every_pair_compares_an_on_engine_with_the_off_engine_of_its_kv_placement():
-    assert [(p.off, p.on) for p in mtp_equality.pairs(KS)] == [
+    assert [(p.off, p.on) for p in mtp_equality.pairs(mtp_equality.compared_arms(KS))] == [
         ("mtp-off", "mtp-on-k1"), ("mtp-off", "mtp-on-k2"),
         ("mtp-off-offload", "mtp-on-offload-k2"),
     ]  # fmt: skip
@@ -183,6 +183,79 @@ def test_the_workers_counts_sum_vllms_spec_decode_counters():
     assert in_vllm_worker.spec_decode_counts(metrics) == COUNTS
 
 
+GAINS = [2.0, 8.0]
+
+
+def gain_engines(off_ids, on_ids_by_gain, counts_by_gain):
+    """Records of a run with two echo drafters (gains 2 and 8), every engine of each."""
+    records = engines(off_ids, off_ids, COUNTS)
+    for g in GAINS:
+        on = {"cases": {c: [request(i) for i in on_ids_by_gain[g]] for c in ("100x1", "3000x4")},
+              "spec_decode": counts_by_gain[g]}  # fmt: skip
+        for k in KS:
+            records[mtp_equality.on_name(k, False, g)] = on
+        records[mtp_equality.on_name(max(KS), True, g)] = on | {"host_weights": {"bytes": 4096}}
+    return records
+
+
+def test_each_drafter_gain_gets_its_own_engines_and_checkpoint(tmp_path):
+    copies = {}
+    for g in GAINS:
+        d = tmp_path / f"echo-g{g:g}"
+        d.mkdir()
+        (d / mtp_equality.ECHO_RECORD).write_text(mtp_equality.json.dumps({"gain": g}))
+        copies[g] = d
+    args = spec_args(tiny_model_dir(tmp_path))
+    args.drafter_models = mtp_equality.drafter_models(list(copies.values()))
+    assert args.drafter_models == copies
+    arms = mtp_equality.compared_arms(KS, GAINS, serving_gains=[8.0])
+    assert [a.name for a in arms] == [
+        "mtp-off", "mtp-off-offload", "mtp-on-k1-g2", "mtp-on-k2-g2",
+        "mtp-on-k1-g8", "mtp-on-k2-g8", "mtp-on-offload-k2-g8",
+    ]  # fmt: skip
+    models = {a.name: mtp_equality.engine_spec(a, args, {}, [5])["model"] for a in arms}
+    assert models["mtp-off"] == str(args.model) and models["mtp-on-k1-g2"] == str(copies[2.0])
+    assert models["mtp-on-offload-k2-g8"] == str(copies[8.0])
+    timed = mtp_equality.timed_arms(KS, 8.0)
+    assert [(a.name, a.gain) for a in timed] == [
+        ("timing-mtp-off", None),
+        ("timing-mtp-on-k1", 8.0),
+        ("timing-mtp-on-k2", 8.0),
+    ]
+
+
+LOW = {"drafts": 40, "draft_tokens": 80, "accepted_tokens": 2}
+
+
+def test_one_drafter_in_the_band_with_equal_output_everywhere_passes():
+    ok = [[1, 2, 3]]
+    arms = mtp_equality.compared_arms(KS, GAINS)
+    v = mtp_equality.verdict(
+        gain_engines(ok, {2.0: ok, 8.0: ok}, {2.0: LOW, 8.0: COUNTS}), KS, arms
+    )
+    assert [(r["gain"], r["ok"]) for r in v["gains"]] == [(2.0, False), (8.0, True)]
+    assert v["ok"] is True
+    assert mtp_equality.proving_gain(v["gains"]) == 8.0
+
+
+def test_a_wrong_token_at_any_gain_fails_even_where_another_gain_passes():
+    ok, wrong = [[1, 2, 3]], [[1, 9, 3]]
+    arms = mtp_equality.compared_arms(KS, GAINS)
+    v = mtp_equality.verdict(
+        gain_engines(ok, {2.0: wrong, 8.0: ok}, {2.0: LOW, 8.0: COUNTS}), KS, arms
+    )
+    assert [r["ok"] for r in v["gains"]] == [False, True]
+    assert v["ok"] is False
+
+
+def test_no_drafter_in_the_band_fails_and_the_largest_gain_is_timed():
+    ok = [[1, 2, 3]]
+    arms = mtp_equality.compared_arms(KS, GAINS)
+    v = mtp_equality.verdict(gain_engines(ok, {2.0: ok, 8.0: ok}, {2.0: LOW, 8.0: LOW}), KS, arms)
+    assert v["ok"] is False
+    assert mtp_equality.proving_gain(v["gains"]) == 8.0
+
+
 def test_markdown_renders():
     result = {
         "run_id": "t",
@@ -195,6 +268,23 @@ def test_markdown_renders():
     assert "| 100 | 1 | 1 of 3 | False | False | request 0, generated token 1" in text
     assert "acceptance (accepted / drafted tokens): 0.450" in text and "ok: False" in text
     assert "drafter weights in pinned host memory (UVA): 7 tensors, 4096 bytes, 2 returned" in text
+    assert "echo drafter gain" not in text  # one drafter, as given
+
+
+def test_markdown_renders_a_row_per_drafter_gain():
+    ok = [[1, 2, 3]]
+    arms = mtp_equality.compared_arms(KS, GAINS)
+    records = gain_engines(ok, {2.0: ok, 8.0: ok}, {2.0: LOW, 8.0: COUNTS})
+    result = {"run_id": "t", "host": {"gpu": "GPU", "torch": "2.11", "note": "note"},
+              "timed_gain": 8.0, "verdict": mtp_equality.verdict(records, KS, arms)}  # fmt: skip
+    text = mtp_equality.markdown(result)
+    assert (
+        "| 2 | mtp-on-k1-g2 0.025, mtp-on-k2-g2 0.025, mtp-on-offload-k2-g2 0.025 | False |" in text
+    )
+    assert (
+        "| 8 | mtp-on-k1-g8 0.450, mtp-on-k2-g8 0.450, mtp-on-offload-k2-g8 0.450 | True |" in text
+    )
+    assert "(MTP engines timed with the gain-8 drafter)" in text
 
 
 def test_the_host_weights_come_from_patch_0031s_log_line():

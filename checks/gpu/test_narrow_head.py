@@ -7,56 +7,35 @@ import json
 import narrow_head
 import numpy as np
 import pytest
+from bf16_checkpoint import bf16_exact, read_bf16, write_checkpoint
+from checkpoint_copy import CheckpointEditError
 from safetensors.numpy import save_file
 
 VOCAB, HIDDEN = 16, 4
 
 
-def _bf16_shard(path, name, values):
-    """A one-tensor BF16 safetensors file, framed by hand (numpy has no bfloat16):
-    the values must be exact in BF16 (float32 with the low 16 bits zero)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    assert not (bits & 0xFFFF).any()
-    data = (bits >> 16).astype("<u2").tobytes()
-    header = {name: {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, len(data)]},
-              "__metadata__": {"format": "pt"}}  # fmt: skip
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
-
-
-def _bf16_exact(values):
-    return (np.asarray(values, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
-
-
 @pytest.fixture
 def checkpoint(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
     rng = np.random.default_rng(0)
-    head = _bf16_exact(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32))
-    embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float16)
-    _bf16_shard(src / "b.safetensors", "lm_head.weight", head)
-    save_file({"model.embed_tokens.weight": embed}, str(src / "a.safetensors"))
-    weight_map = {"lm_head.weight": "b.safetensors", "model.embed_tokens.weight": "a.safetensors"}
-    (src / narrow_head.INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    head = bf16_exact(rng.standard_normal((VOCAB, HIDDEN)))
+    src = write_checkpoint(tmp_path / "src", {"b.safetensors": {"lm_head.weight": head}})
+    # A second shard in another dtype, written by safetensors itself, is copied as is.
+    save_file(
+        {"model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float16)},
+        str(src / "a.safetensors"),
+    )
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.embed_tokens.weight"] = "a.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
     (src / "config.json").write_text("{}")
     return src, head
-
-
-def _read_bf16(path, name):
-    size = int.from_bytes(path.read_bytes()[:8], "little")
-    header = json.loads(path.read_bytes()[8 : 8 + size])
-    begin, end = header[name]["data_offsets"]
-    raw = path.read_bytes()[8 + size + begin : 8 + size + end]
-    return narrow_head._to_float32(raw, "BF16").reshape(header[name]["shape"])
 
 
 def test_greedy_picks_among_the_kept_and_balance_tokens_with_distinct_logits(checkpoint, tmp_path):
     src, head = checkpoint
     dst = narrow_head.narrow(src, tmp_path / "dst", (3, 11), balance=7)
 
-    narrowed = _read_bf16(dst / "b.safetensors", "lm_head.weight")
+    narrowed = read_bf16(dst / "b.safetensors", "lm_head.weight")
     assert np.array_equal(narrowed[[3, 11]], head[[3, 11]])
     # Minus the kept rows' sum, rounded back to BF16 (8 bits of mantissa).
     assert np.allclose(narrowed[7], -(head[3] + head[11]), rtol=2**-8, atol=2**-8)
@@ -81,20 +60,13 @@ def test_greedy_picks_among_the_kept_and_balance_tokens_with_distinct_logits(che
     assert record["kept_tokens"] == [3, 11] and record["balance_token"] == 7
 
 
-def test_bf16_rounds_to_nearest_even_like_torch():
-    one_and_a_half_ulp = np.array([1.0 + 3 * 2**-9], np.float32)  # between 1+2**-8 and 1+2**-7
-    assert narrow_head._to_float32(narrow_head._from_float32(one_and_a_half_ulp, "BF16"), "BF16")[
-        0
-    ] == np.float32(1.0 + 2**-7)
-
-
 @pytest.mark.parametrize(
     ("tokens", "balance"),
     [((-1,), 7), ((VOCAB,), 7), ((), 7), ((3, 11), 3), ((3, 3), 7), ((3,), VOCAB)],
 )
 def test_bad_token_ids_are_refused_and_nothing_is_written(checkpoint, tmp_path, tokens, balance):
     src, _ = checkpoint
-    with pytest.raises(narrow_head.NarrowHeadError, match="--tokens"):
+    with pytest.raises(CheckpointEditError, match="--tokens"):
         narrow_head.narrow(src, tmp_path / "dst", tokens, balance)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
@@ -110,5 +82,5 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path, capsys):
 def test_an_existing_destination_is_refused(checkpoint, tmp_path):
     src, _ = checkpoint
     (tmp_path / "dst").mkdir()
-    with pytest.raises(narrow_head.NarrowHeadError, match="exists"):
+    with pytest.raises(CheckpointEditError, match="exists"):
         narrow_head.narrow(src, tmp_path / "dst", (3,))
