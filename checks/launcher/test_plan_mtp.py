@@ -288,3 +288,55 @@ def test_preflight_passes_int4_mtp_and_pins_its_weights(
     assert found["host.ram"].required_bytes == a.plan.host_ram_needed_bytes
     assert found["host.memlock"].required_bytes == a.plan.pinned_bytes_needed
     assert a.plan.pinned_bytes_needed > a.plan.qsa.pinned_total_bytes
+
+
+# ---------------------------------------------------------------- --mtp N
+
+
+def test_the_mtp_option_turns_the_profiles_mtp_on_or_off():
+    from flashnext.profiles import with_mtp
+
+    assert with_mtp(PROFILE, None) is PROFILE
+    on = with_mtp(PROFILE, 2)
+    assert (on.mtp.enabled, on.mtp.num_speculative_tokens) == (True, 2)
+    # The cited rate stays: the projection is for the profile's machine.
+    assert on.mtp.acceptance_rate == PROFILE.mtp.acceptance_rate
+    off = with_mtp(mtp_profile(num_speculative_tokens=3), 0)
+    assert (off.mtp.enabled, off.mtp.num_speculative_tokens) == (False, 3)
+    assert dataclasses.replace(on, mtp=PROFILE.mtp) == PROFILE
+
+
+def test_mtp_1_on_the_shipped_profile_places_the_int4_drafter(full_skeleton, full_model_int4):
+    from flashnext.assess import assess
+
+    opts = PlanOptions(model_dir=str(full_skeleton), table_path="/nvme/ple.bin", mtp=1)
+    a = assess(base_facts(), opts, "3x3090", model=full_model_int4)
+    found = {f.id: f for f in a.findings}
+    assert found["mtp.fit"].level == "ok", found["mtp.fit"].message
+    assert a.plan.mtp.fits and a.profile.mtp.num_speculative_tokens == 1
+    flags = mtp_flags(a.command.argv)
+    assert [json.loads(v[0]) for v in flags["--speculative-config"]] == [
+        {"method": "mtp", "num_speculative_tokens": 1}
+    ]
+    # --mtp 0 is the plan without MTP, whatever the profile says.
+    none = assess(base_facts(), dataclasses.replace(opts, mtp=0), "3x3090", model=full_model_int4)
+    assert none.plan.mtp is None and "mtp.fit" not in {f.id for f in none.findings}
+    assert mtp_flags(none.command.argv) == {}
+
+
+def test_the_cli_takes_mtp_and_says_the_bf16_drafter_needs_the_writer(full_skeleton):
+    from click.testing import CliRunner
+    from flashnext.cli import main
+    from lead_fixtures import BASE_FILE
+
+    runner = CliRunner()
+    args = ["plan", "--facts", BASE_FILE, "--model", str(full_skeleton), "--json"]
+    doc = json.loads(runner.invoke(main, [*args, "--mtp", "1"]).output)
+    assert doc["mtp"]["fits"] is False and "checkpoint mtp-int4" in doc["mtp"]["reason"]
+    assert mtp_flags(doc["argv"]) == {}
+    pre = runner.invoke(main, ["preflight", "--facts", BASE_FILE, "--model", str(full_skeleton),
+                               "--mtp", "1", "--json"])  # fmt: skip
+    fit = next(f for f in json.loads(pre.output)["findings"] if f["id"] == "mtp.fit")
+    assert fit["fix"] == f"flashnext checkpoint mtp-int4 --model {full_skeleton}"
+    bad = runner.invoke(main, [*args, "--mtp", "-1"])
+    assert bad.exit_code == 2 and "--mtp" in bad.output and "Traceback" not in bad.output

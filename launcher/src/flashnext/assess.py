@@ -21,7 +21,7 @@ from flashnext.facts.schema import HostFacts, ModelFacts, VllmEnvFacts, host_fac
 from flashnext.plan.command import ServeCommand, serve_command
 from flashnext.plan.partition import PartitionError
 from flashnext.plan.planner import Plan, PlanError, PlanOptions, plan
-from flashnext.profiles import Profile, select_profile
+from flashnext.profiles import Profile, select_profile, with_mtp
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ def assess(
     `vllm_env`: the vLLM serve would start (None: not judged), with this checkout's
     `patch_series` and the `build_env` command (None outside a checkout)."""
     profile, reason = select_profile(facts, profile_name)
+    profile = with_mtp(profile, options.mtp)
     model_error, model_missing = None, False
     if model is None:
         model, model_error, model_missing = _read_model(options.model_dir)

@@ -695,7 +695,7 @@ def _mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
     if mtp is None:
         return
     load = mtp.load
-    off = "set enabled = false under [mtp] in the profile (serve without MTP)"
+    off = "--mtp 0 (serve without MTP)"
     if load is None:  # no MTP tensors
         yield Finding("mtp.fit", "fail", "no MTP tensors", "an MTP layer (mtp.*)",
                       f"MTP does not fit: {mtp.reason}", off)  # fmt: skip

@@ -77,6 +77,9 @@ _DECLARED = (
     Setting("--generation-config", "generation_config_dir", "Directory whose "
             "generation_config.json supplies sampling defaults.",
             type=click.Path(file_okay=False)),
+    Setting("--mtp", "mtp", "Speculative decoding with the checkpoint's MTP layer: N draft "
+            "tokens per step, 0 for none; default: the profile's [mtp] (off on 3x3090).",
+            "FLASHNEXT_MTP", type=click.IntRange(min=0)),
     Setting("--json", "as_json", "Print canonical JSON instead of tables.", is_flag=True),
     Setting("--vllm-env", "vllm_env_dir", "The vLLM env to judge and run: the dir "
             "`pins/build-env` prints (its venv/bin/vllm). Default: `vllm` on PATH, else this "
@@ -90,7 +93,7 @@ SETTINGS: dict[str, Setting] = {s.dest: s for s in _DECLARED}
 # What preflight, plan, serve and report share: the inputs of a plan.
 PLAN_SETTINGS = ("facts_file", "model_dir", "table_path", "profile_name", "host", "port",
                  "served_model_name", "kv_cache_memory_bytes", "max_model_len",
-                 "pp_layer_partition", "generation_config_dir", "as_json")  # fmt: skip
+                 "pp_layer_partition", "generation_config_dir", "mtp", "as_json")  # fmt: skip
 
 
 def options(*dests: str, **overrides: dict[str, Any]) -> Callable:

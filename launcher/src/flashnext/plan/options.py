@@ -27,3 +27,6 @@ class PlanOptions:
     """VLLM_PP_LAYER_PARTITION from the environment, honoured like vLLM does."""
     generation_config_dir: str | None = None
     """Passed as --generation-config when the checkpoint's own lacks sampling keys."""
+    mtp: Annotated[int, Field(ge=0)] | None = None
+    """Draft tokens per step with the checkpoint's MTP layer: 0 serves without MTP,
+    N > 0 with N; None keeps the profile's [mtp] (profiles.with_mtp)."""

@@ -10,6 +10,7 @@ optional: a profile without them gets the defaults below.
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import field
 from importlib import resources
@@ -273,6 +274,19 @@ def parse_profile(text: str, source: str) -> Profile:
         )
     except ValidationError as exc:
         raise ProfileError(f"{source}: {_explain(exc, None)}") from None
+
+
+def with_mtp(profile: Profile, speculative_tokens: int | None) -> Profile:
+    """The profile as `--mtp N` asks: 0 turns MTP off, N > 0 on with N draft tokens
+    per step; None leaves the profile's [mtp] as it is."""
+    if speculative_tokens is None:
+        return profile
+    mtp = dataclasses.replace(
+        profile.mtp,
+        enabled=speculative_tokens > 0,
+        num_speculative_tokens=speculative_tokens or profile.mtp.num_speculative_tokens,
+    )
+    return dataclasses.replace(profile, mtp=mtp)
 
 
 def check_profile_name(name: str | None, profiles: dict[str, Profile] | None = None) -> str | None:
