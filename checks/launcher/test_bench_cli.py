@@ -90,3 +90,43 @@ def test_report_cli_writes_a_redacted_file(tmp_path):
     assert doc["versions"]["vllm_pinned"] == "0.33.0"
     assert "patches" in doc["patch_series"] or "unavailable" in doc["patch_series"]
     assert "fixture-3x3090" not in out.read_text()
+
+
+def test_bench_reports_the_servers_mtp_acceptance_over_its_own_requests(standin, tmp_path):
+    # The stand-in counts one draft of 2 tokens per generated token after the first,
+    # 60% accepted, into vLLM's spec-decode counters on /metrics.
+    url = standin(STANDIN_SPEC_ACCEPT="0.6", STANDIN_SPEC_K="2")
+    first = ["bench", "--url", url, "--concurrency", "1", "--decode-tokens", "6",
+             "--prompt-lengths", "", "--warmup", "0", "--runs", "1",
+             "--facts", str(FACTS)]  # fmt: skip
+    warm = CliRunner().invoke(main, first)
+    assert warm.exit_code == 0, warm.output  # counters now stand above zero before the next
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"mtp": {"projection": {"acceptance_rate": 0.65}}}))
+    args = ["bench", "--url", url, "--concurrency", "1,2", "--decode-tokens", "11",
+            "--prompt-lengths", "64", "--warmup", "0", "--runs", "1", "--facts", str(FACTS),
+            "--plan", str(plan)]  # fmt: skip
+    doc = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    # Only this bench's requests: 1 + 2 streams of 11 tokens (10 drafts each), and
+    # the prefill's 1-token request drafts nothing.
+    assert doc["spec_decode"] == {
+        "drafts": 30, "draft_tokens": 60, "accepted_tokens": 36,
+        "acceptance_rate": 0.6, "mean_acceptance_length": 2.2,
+    }  # fmt: skip
+    row = next(r for r in doc["comparison"] if r["metric"] == "MTP acceptance rate")
+    assert (row["measured"], row["reference"], row["ratio"]) == (0.6, 0.65, round(0.6 / 0.65, 4))
+    table = CliRunner().invoke(main, args)
+    assert "MTP: 36 of 60 draft tokens accepted (rate 0.600, mean acceptance length 2.20)" in (
+        table.output
+    )
+
+
+def test_bench_without_mtp_reports_no_acceptance(standin):
+    url = standin()
+    res = CliRunner().invoke(main, ["bench", "--url", url, "--concurrency", "1",
+                                    "--decode-tokens", "4", "--prompt-lengths", "",
+                                    "--warmup", "0", "--runs", "1", "--facts", str(FACTS),
+                                    "--json"])  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert doc["spec_decode"] is None
+    assert all(r["metric"] != "MTP acceptance rate" for r in doc["comparison"])

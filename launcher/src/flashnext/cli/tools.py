@@ -170,12 +170,14 @@ def bench(
         runs=runs,
         token_id_range=token_id_range,
     )
+    drafted_before = b.read_spec_decode(cfg)  # MTP's counters, when the server drafts
     records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))
+    spec_decode = b.spec_decode_window(drafted_before, b.read_spec_decode(cfg))
     # Results get shared: the fingerprint is redacted like `flashnext report`.
     redact = redactor_for_this_host(facts)
     plan = _json_file(plan_file, "plan")
     fingerprint = b.fingerprint(redact.value(facts), redact.value(plan), versions())
-    result = b.build_result(cfg, records, fingerprint)
+    result = b.build_result(cfg, records, fingerprint, spec_decode)
     if out_dir:
         b.write_results(Path(out_dir), records, result)
     if as_json:
@@ -203,6 +205,13 @@ def bench(
                 )
             )
         render_table("bench (medians)", ("measure", "tok/s", "TTFT", "runs"), rows)
+        spec = result["spec_decode"]
+        if spec and spec["acceptance_rate"] is not None:
+            click.echo(
+                f"MTP: {spec['accepted_tokens']} of {spec['draft_tokens']} draft tokens accepted "
+                f"(rate {spec['acceptance_rate']:.3f}, mean acceptance length "
+                f"{spec['mean_acceptance_length']:.2f}), from the server's /metrics"
+            )
         render_table(
             "against the seed report and the roofline",
             ("metric", "measured", "reference", "ratio", "note"),

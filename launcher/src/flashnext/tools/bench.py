@@ -7,6 +7,11 @@ Measures, each as `warmup` discarded runs then `runs` measured ones:
   token-id lists, so their length is exact without a tokenizer, and differ per
   run so no prefix cache can help).
 
+With MTP on, the server's own spec-decode counters (its Prometheus /metrics,
+read before and after) give the acceptance rate over the bench: accepted /
+drafted tokens, the figure the plan's MTP projection assumes (another
+client's requests during the bench would count too).
+
 A stream counts only if it ends with a finish_reason, usage and `[DONE]` and
 generated exactly the tokens asked for (`ignore_eos`); anything else is
 rejected and makes the whole bench fail. Arithmetic lives in pure functions
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import statistics
 import threading
 import time
@@ -398,6 +404,65 @@ def run_bench(
     return records
 
 
+# ---------------------------------------------------------------- spec decode
+
+# vLLM 0.33.0's counters (v1/spec_decode/metrics.py), as prometheus_client
+# exposes a counter: its name plus `_total`, one sample per engine.
+SPEC_DECODE_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+}
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def parse_spec_decode(text: str) -> dict[str, float] | None:
+    """The spec-decode counters of a /metrics page, summed over engines; None
+    when the server drafts nothing (MTP off: vLLM then exports none of them)."""
+    by_name = {name: key for key, name in SPEC_DECODE_COUNTERS.items()}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        sample = _SAMPLE.match(line)
+        if sample is None or sample[1] not in by_name:
+            continue
+        try:
+            value = float(sample[2])
+        except ValueError:
+            continue
+        key = by_name[sample[1]]
+        found[key] = found.get(key, 0.0) + value
+    return found if "draft_tokens" in found else None
+
+
+def read_spec_decode(cfg: BenchConfig) -> dict[str, float] | None:
+    """The server's spec-decode counters now; None when it has none or no /metrics."""
+    scheme, host, port, _ = _split_url(cfg.url)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    try:
+        resp = httpx.get(f"{scheme}://{host}:{port}/metrics", headers=headers, timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return parse_spec_decode(resp.text) if resp.status_code == 200 else None
+
+
+def spec_decode_window(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, Any] | None:
+    """What the bench's requests drafted and had accepted: the counters' growth.
+    None when the server does not draft (or only started to during the bench)."""
+    if before is None or after is None:
+        return None
+    grew = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in SPEC_DECODE_COUNTERS}
+    drafted, drafts = grew["draft_tokens"], grew["drafts"]
+    return {
+        **{key: int(value) for key, value in grew.items()},
+        "acceptance_rate": grew["accepted_tokens"] / drafted if drafted else None,
+        "mean_acceptance_length": 1 + grew["accepted_tokens"] / drafts if drafts else None,
+    }
+
+
 # ---------------------------------------------------------------- results
 
 
@@ -416,9 +481,21 @@ def roofline_from_plan(plan: dict | None) -> float | None:
         return None
 
 
+def cited_acceptance(plan: dict | None) -> float | None:
+    """The acceptance rate the plan's MTP projection assumed (the profile's cited figure)."""
+    try:
+        return float(plan["mtp"]["projection"]["acceptance_rate"]) if plan else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def build_result(
-    cfg: BenchConfig, records: Sequence[StreamRecord], env_fingerprint: dict[str, Any]
+    cfg: BenchConfig,
+    records: Sequence[StreamRecord],
+    env_fingerprint: dict[str, Any],
+    spec_decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`spec_decode`: spec_decode_window() over the bench, when the server drafts."""
     rejected = [
         {"phase": r.phase, "concurrency": r.concurrency, "run": r.run, "why": why}
         for r in records
@@ -428,15 +505,21 @@ def build_result(
     summary = summarize(ok) if not rejected else {"decode": [], "prefill": []}
     config = asdict(cfg)
     config.pop("api_key")
+    comparison = compare(summary, roofline_from_plan(env_fingerprint.get("plan")))
+    rate, cited = (
+        (spec_decode or {}).get("acceptance_rate"),
+        cited_acceptance(env_fingerprint.get("plan")),
+    )
+    if rate is not None and cited is not None and not rejected:
+        comparison.append(_row("MTP acceptance rate", rate, cited, note="the plan's projection"))
     return {
         "bench_schema_version": BENCH_SCHEMA_VERSION,
         "config": config,
         "environment": env_fingerprint,
         "rejected": rejected,
         "summary": summary,
-        "comparison": compare(summary, roofline_from_plan(env_fingerprint.get("plan")))
-        if not rejected
-        else [],
+        "spec_decode": spec_decode,
+        "comparison": comparison if not rejected else [],
         "reference": REFERENCE,
     }
 
