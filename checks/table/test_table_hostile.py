@@ -25,7 +25,7 @@ from flashnext.cli import main
 from flashnext.render import size
 from mounts import remount, tmpfs
 from ple_checkpoint import Checkpoint, make_checkpoint
-from prepare_helpers import CLI, force_if_needed, journal_bytes, kill_mid_copy
+from prepare_helpers import PACED_CLI, force_if_needed, journal_bytes, kill_mid_copy
 
 SHARD_FILE = "model-00001-of-00003.safetensors"
 
@@ -343,7 +343,7 @@ def test_interrupted_prepare_says_it_resumes(tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "model", shards=16, vocab_base=13_000, seed=7)
     out = tmp_path / "ple.bin"
     journal = tmp_path / "ple.bin.partial.json"
-    argv = [sys.executable, "-c", CLI, "table", "prepare", "--model", str(ckpt.path),
+    argv = [sys.executable, "-c", PACED_CLI, "table", "prepare", "--model", str(ckpt.path),
             "--out", str(out), "--chunk-bytes", str(1 << 20), "--sync-bytes", str(1 << 20),
             *force_if_needed(tmp_path)]  # fmt: skip
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
