@@ -57,7 +57,15 @@ def main() -> int:
         options = PlanOptions(model_dir=str(model_dir), table_path="/nvme/flashnext/ple-table.bin")
         model = read_model_facts(model_dir)
         int4 = int4_byte_classes(model.tensor_bytes_by_class(), model.text_config["num_experts"])
-        p = plan(facts, dataclasses.replace(model, byte_classes=int4), profile, options)
+        model_int4 = dataclasses.replace(model, byte_classes=int4)
+        p = plan(facts, model_int4, profile, options)
+        at_profile = p.mtp
+        # vLLM refuses to start when one full-length request does not fit the pool: the
+        # drafter's costs are then shown at the longest --max-model-len it starts at.
+        longest = at_profile.requests.longest_request_tokens if at_profile.requests else 0
+        if not at_profile.fits and at_profile.load.fits and longest:
+            options = dataclasses.replace(options, max_model_len=longest)
+            p = plan(facts, model_int4, profile, options)
         off = plan(facts, model, shipped, options)
     mtp = p.mtp
     projection = mtp.projection
@@ -66,6 +74,9 @@ def main() -> int:
     rows = projection_table(projection.cost, rates)
     if args.json:
         doc = {"mtp": {k: v for k, v in mtp.to_json().items() if k != "projection"},
+               "max_model_len": p.max_model_len.value,
+               "at_profile_max_model_len": {"fits": at_profile.fits,
+                                            "reason": at_profile.reason},
                "no_mtp_tokens_per_s": projection.no_mtp_tokens_per_s, "cited_rate": cited,
                "source": projection.acceptance_source,
                "rows": [{"acceptance_rate": a, **r.to_json()}
@@ -74,10 +85,15 @@ def main() -> int:
         print(json.dumps(doc, indent=2))
         return 0
     host, vram = mtp.placed_bytes["host"], mtp.placed_bytes["vram"]
-    print(f"MTP: {mtp.reason}")
+    if at_profile is not mtp:
+        print(f"MTP at --max-model-len {shipped.scheduler.max_model_len}: {at_profile.reason}")
+    print(f"MTP at --max-model-len {p.max_model_len.value}: {mtp.reason}")
+    req, req_off = mtp.requests, off.kv_capacity
     print(f"VRAM: weights {gib(vram['layer'] + vram['fc_norms_mixer'])}, its share of the KV "
-          f"pool {gib(vram['kv'])}; pool {mtp.kv_tokens} tokens ({mtp.kv_tokens_without} "
-          f"without MTP)")  # fmt: skip
+          f"pool {gib(vram['kv'])}; pool {req.num_blocks} blocks of {req.block_size_tokens} "
+          f"tokens, {req.full_length_requests} request(s) of {req.max_model_len} tokens at "
+          f"once ({req_off.num_blocks} blocks of {req_off.block_size_tokens}, "
+          f"{req_off.full_length_requests} without MTP)")  # fmt: skip
     print(f"host: experts {gib(host['routed_experts'])} + embedding {gib(host['embed_tokens'])} "
           f"+ K/V arena {gib(host['kv'])}, pinned {gib(mtp.pinned_bytes)}; "
           f"--cpu-offload-gb {mtp.cpu_offload_gb}")  # fmt: skip

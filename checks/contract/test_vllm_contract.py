@@ -147,8 +147,13 @@ def mtp_parsed(skeleton):
     model = dataclasses.replace(model, byte_classes=classes)
     shipped = available_profiles()["3x3090"]
     profile = dataclasses.replace(shipped, mtp=dataclasses.replace(shipped.mtp, enabled=True))
+    # 128k: with the drafter a 262,144-token request does not fit the pool, and vLLM
+    # would refuse to start (checks/patches/test_kv_request_capacity.py).
     options = PlanOptions(
-        model_dir=str(skeleton), table_path=TABLE, generation_config_dir=str(skeleton)
+        model_dir=str(skeleton),
+        table_path=TABLE,
+        generation_config_dir=str(skeleton),
+        max_model_len=131_072,
     )
     p = plan(base_facts(), model, profile, options)
     assert p.mtp is not None and p.mtp.fits, p.mtp.reason

@@ -177,6 +177,24 @@ def test_user_values_beat_the_profile(full_model):
     assert "--max-model-len" in argv and "131072" in argv
 
 
+def test_the_pool_holds_two_full_length_requests_as_vllm_counts_blocks(full_model):
+    # checks/patches/test_kv_request_capacity.py holds these to vLLM's own planner and
+    # block manager: 105 blocks, 22 for a request's K/V and 20 for its states (18 GDN
+    # groups, the PLE state, the ring); one is vLLM's null block.
+    doc = make_plan_json(full_model)["kv_capacity"]
+    assert doc["groups"] == {"qsa": 1, "ring": 1, "gdn": 18, "gdn_layers_per_group": 2, "ple": 1}
+    assert (doc["num_blocks"], doc["usable_blocks"], doc["block_size_tokens"]) == (105, 104, 12_144)
+    assert (doc["kv_blocks_per_request"], doc["state_blocks_per_request"]) == (22, 20)
+    assert (doc["full_length_requests"], doc["starts"]) == (2, True)
+    assert (doc["max_concurrency"], doc["kv_cache_tokens"]) == (2.5, 655_360)
+    # Without offload the planner sizes no pool and claims no requests.
+    off = dataclasses.replace(
+        PROFILE, qsa_offload=dataclasses.replace(PROFILE.qsa_offload, enabled=False)
+    )
+    p = plan(base_facts(), full_model, off, _options())
+    assert p.kv_capacity is None and "kv_capacity" not in p.to_json()
+
+
 def test_plan_json_is_canonical_and_hashed(full_model):
     a = make_plan_json(full_model)
     b = make_plan_json(full_model)

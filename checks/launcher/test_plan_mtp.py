@@ -30,6 +30,9 @@ from lead_fixtures import _gpus, base_facts
 
 PROFILE = available_profiles()["3x3090"]
 OPTIONS = PlanOptions(model_dir="/models/Qwen3.8-Flash-Next", table_path="/nvme/ple.bin")
+# With the drafter a 262,144-token request does not fit the 3x3090 pool (vLLM refuses to
+# start); 128k does (qsa_sizing.RequestCapacity, held to vLLM in checks/patches).
+FITS = 131_072
 SEGMENTS = ("mtp.embed_tokens", "mtp.layers.48.mlp.experts")
 DRAFTER_EXPERT = re.compile(r"^mtp\.layers\.0\.mlp\.experts\.\d+\.")
 
@@ -161,7 +164,8 @@ def test_load_room_is_the_smaller_of_budget_and_measured():
 
 def test_3x3090_with_int4_experts_fits_on_rank_2_with_the_offload_argv(full_model_int4):
     profile = mtp_profile(num_speculative_tokens=1)
-    p = plan(base_facts(), full_model_int4, profile, OPTIONS)
+    options = dataclasses.replace(OPTIONS, max_model_len=FITS)
+    p = plan(base_facts(), full_model_int4, profile, options)
     n = needs(full_model_int4)
     mtp = p.mtp
     assert mtp is not None and mtp.fits and mtp.rank == 2, mtp.reason
@@ -173,8 +177,11 @@ def test_3x3090_with_int4_experts_fits_on_rank_2_with_the_offload_argv(full_mode
     assert p.qsa.layers_per_rank == (4, 4, 5)
     shape = qsa_sizing.QsaShape(num_speculative_tokens=1, drafter_qsa_layers=1)
     assert p.qsa.block_tokens == qsa_sizing.offload_block_size(shape, 5)
-    assert mtp.kv_tokens == p.qsa.tokens >= p.max_model_len.value
-    assert mtp.kv_tokens < mtp.kv_tokens_without
+    # vLLM's count of the pool: one 128k request with the drafter, three without.
+    assert mtp.requests == p.kv_capacity and mtp.requests.max_model_len == FITS
+    assert (mtp.requests.full_length_requests, mtp.requests_without.full_length_requests) == (1, 3)
+    assert mtp.kv_tokens < mtp.to_json()["kv_tokens_without_mtp"]
+    assert mtp.kv_cache_bytes == p.kv_cache_memory_bytes.value
     placed = mtp.placed_bytes
     assert placed["vram"]["kv"] == p.qsa.tokens * 66  # slot number + pooled key
     assert placed["host"] == {
@@ -193,7 +200,7 @@ def test_3x3090_with_int4_experts_fits_on_rank_2_with_the_offload_argv(full_mode
     assert mtp.load.binds == "plan budget" and mtp.load.fits
     assert "fits on rank 2" in mtp.reason
 
-    argv = serve_command(p, profile, OPTIONS).argv
+    argv = serve_command(p, profile, options).argv
     flags = mtp_flags(argv)
     assert [json.loads(v[0]) for v in flags["--speculative-config"]] == [
         {"method": "mtp", "num_speculative_tokens": 1}
@@ -220,13 +227,18 @@ def test_shipped_bf16_experts_do_not_load_and_the_reason_names_the_writer(full_m
     assert dataclasses.replace(p, mtp=None, profile=off.profile) == off
 
 
-def test_a_pool_below_max_model_len_is_no_fit(full_model_int4):
-    # 600k tokens fit the pool without MTP (1.28M) but not with it (0.53M).
-    options = dataclasses.replace(OPTIONS, max_model_len=600_000)
-    p = plan(base_facts(), full_model_int4, mtp_profile(), options)
+def test_a_pool_that_vllm_would_refuse_is_no_fit(full_model_int4):
+    # The shipped 262,144 tokens: 27 K/V blocks and 39 of state (18 GDN groups and the
+    # PLE group, 2 blocks each with a draft token, and the ring) of the 53 the drafter
+    # leaves; vLLM refuses to start, and estimates 136,864 tokens would.
+    p = plan(base_facts(), full_model_int4, mtp_profile(), OPTIONS)
     assert not p.mtp.fits and p.mtp.load.fits
-    assert "fewer than --max-model-len 600000" in p.mtp.reason
+    assert "a request of 262144 tokens takes 66 blocks of the pool's 53" in p.mtp.reason
+    assert p.mtp.reason.endswith(
+        "vLLM refuses to start; it starts at --max-model-len 136864 at most"
+    )
     assert p.qsa.layers_per_rank == (4, 4, 4)  # the plan without the drafter
+    assert p.kv_capacity == p.mtp.requests_without
 
 
 def test_plan_with_room_loads_even_bf16_experts(full_model):
@@ -258,11 +270,12 @@ def test_no_mtp_tensors_means_no_drafter(full_model):
 # ---------------------------------------------------------------- preflight
 
 
-def _findings(monkeypatch, full_skeleton, model):
+def _findings(monkeypatch, full_skeleton, model, max_model_len=FITS):
     from flashnext import assess as assess_module
 
     monkeypatch.setattr(assess_module, "select_profile", lambda facts, name: (mtp_profile(), "t"))
-    opts = PlanOptions(model_dir=str(full_skeleton), table_path="/nvme/flashnext/ple-table.bin")
+    opts = PlanOptions(model_dir=str(full_skeleton), table_path="/nvme/flashnext/ple-table.bin",
+                       max_model_len=max_model_len)  # fmt: skip
     a = assess_module.assess(base_facts(), opts, None, model=model)
     return a, {f.id: f for f in a.findings}
 
@@ -290,6 +303,19 @@ def test_preflight_passes_int4_mtp_and_pins_its_weights(
     assert a.plan.pinned_bytes_needed > a.plan.qsa.pinned_total_bytes
 
 
+def test_preflight_fails_mtp_that_vllm_would_refuse_with_the_length_that_starts(
+    full_skeleton, full_model_int4, monkeypatch
+):
+    _, found = _findings(monkeypatch, full_skeleton, full_model_int4, max_model_len=None)
+    f = found["mtp.fit"]
+    assert f.level == "fail"
+    assert (f.measured, f.required) == (
+        "53 KV blocks with the drafter",
+        ">= 66 (one request of 262144 tokens)",
+    )
+    assert f.fix == "--mtp 0 (serve without MTP), or --max-model-len 136864"
+
+
 # ---------------------------------------------------------------- --mtp N
 
 
@@ -310,6 +336,9 @@ def test_mtp_1_on_the_shipped_profile_places_the_int4_drafter(full_skeleton, ful
     from flashnext.assess import assess
 
     opts = PlanOptions(model_dir=str(full_skeleton), table_path="/nvme/ple.bin", mtp=1)
+    full = assess(base_facts(), opts, "3x3090", model=full_model_int4)
+    assert {f.id: f for f in full.findings}["mtp.fit"].level == "fail"  # 262,144 tokens
+    opts = dataclasses.replace(opts, max_model_len=FITS)
     a = assess(base_facts(), opts, "3x3090", model=full_model_int4)
     found = {f.id: f for f in a.findings}
     assert found["mtp.fit"].level == "ok", found["mtp.fit"].message

@@ -214,13 +214,13 @@ def test_preflight_fails_a_stock_env_given_with_vllm_env(full_skeleton, tmp_path
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert f"fix vllm.env: {USE_PINNED}" in lines
-    assert lines[-1] == "preflight: 1 failed, 0 warnings, 34 ok"
+    assert lines[-1] == "preflight: 1 failed, 1 warnings, 33 ok"  # the warning: kv.capacity
 
 
 def test_preflight_judges_the_env_named_by_flashnext_vllm_env(full_skeleton, patched_vllm_env):
     result = preflight(full_skeleton)  # the autouse fixture sets FLASHNEXT_VLLM_ENV
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1] == "preflight: 0 failed, 0 warnings, 35 ok"
+    assert result.output.splitlines()[-1] == "preflight: 0 failed, 1 warnings, 34 ok"
     stale = checkout_stamp()
     stale["patches"].pop()
     old = make_vllm_env(patched_vllm_env.parent / "stale", stamp=stale)
@@ -364,7 +364,7 @@ def test_serve_starts_the_real_pinned_vllm_found_in_the_cache(tmp_path):
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
-    assert "preflight: 0 failed, 1 warnings, 34 ok" in proc.stdout, out[-3000:]
+    assert "preflight: 0 failed, 2 warnings, 33 ok" in proc.stdout, out[-3000:]
     assert f"flashnext: vLLM: {real}/venv/bin/vllm (pins/build-env)\n" in proc.stderr
     assert f"flashnext: starting: vllm serve {model} " in proc.stderr
     assert "RuntimeError: Failed to infer device type" in proc.stderr  # vLLM itself, no GPU

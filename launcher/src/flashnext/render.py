@@ -98,7 +98,11 @@ def render_plan(plan: Any, command: Any) -> None:
     if plan.qsa is not None:
         q = plan.qsa
         rows += [
-            ("QSA block", f"{q.block_tokens} tokens x {q.num_blocks}", f"{q.tokens} tokens of K/V"),
+            (
+                "QSA block",
+                f"{q.block_tokens} tokens x {q.num_blocks}",
+                f"{q.tokens} K/V slots per layer",
+            ),
             (
                 "host pool / layer",
                 gib(q.per_layer_exact_bytes),
@@ -111,6 +115,15 @@ def render_plan(plan: Any, command: Any) -> None:
             ),
             ("pinning", q.pinning, "exact = cudaHostRegister"),
         ]
+    if plan.kv_capacity is not None:
+        c = plan.kv_capacity
+        rows.append((
+            "full-length requests",
+            f"{c.full_length_requests} x {c.max_model_len} tokens",
+            f"{c.blocks_per_request} blocks each ({c.kv_blocks_per_request} K/V + "
+            f"{c.state_blocks_per_request} state); vLLM: {c.max_concurrency:.2f}x, "
+            f"{c.kv_cache_tokens} tokens",
+        ))  # fmt: skip
     if plan.mtp is not None:
         rows.append(("MTP drafter", "placed" if plan.mtp.fits else "not placed", plan.mtp.reason))
     d = plan.decode

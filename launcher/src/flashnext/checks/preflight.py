@@ -717,48 +717,63 @@ def _mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
             required_bytes=load.room_bytes,
         )
         return
+    cap = mtp.requests
+    longest = cap.longest_request_tokens if cap is not None else 0
     yield Finding(
         "mtp.fit",
         "fail",
-        f"{mtp.kv_tokens or 0} tokens of KV with the drafter",
-        f">= {inp.plan.max_model_len.value} (one full-length request)",
+        f"{cap.usable_blocks if cap else 0} KV blocks with the drafter",
+        f">= {cap.blocks_per_request if cap else 1} (one request of "
+        f"{inp.plan.max_model_len.value} tokens)",
         f"MTP does not fit: {mtp.reason}",
-        f"{off}, or lower --max-model-len",
+        f"{off}, or --max-model-len {longest}" if longest else off,
     )
 
 
 def _kv_capacity(inp: PreflightInput) -> Iterator[Finding]:
-    plan, sched = inp.plan, inp.profile.scheduler
-    if plan.qsa is None:
+    """Requests of --max-model-len tokens the pool holds, counted in blocks as vLLM
+    counts them: each takes its K/V blocks and, whatever its length, its state blocks
+    (qsa_sizing.RequestCapacity)."""
+    cap, seqs = inp.plan.kv_capacity, inp.profile.scheduler.max_num_seqs
+    if cap is None:
         return
-    tokens, max_len = plan.qsa.tokens, plan.max_model_len.value
-    want = sched.max_num_seqs * max_len
-    required = f">= {max_len} (one full-length request)"
-    if tokens < max_len:
+    max_len, per = cap.max_model_len, cap.blocks_per_request
+    each = (
+        f"a full-length request (--max-model-len {max_len}) takes {per} blocks of "
+        f"{cap.block_size_tokens} tokens "
+        f"({cap.kv_blocks_per_request} of K/V, {cap.state_blocks_per_request} of GDN, PLE and "
+        f"ring state), the pool has {cap.usable_blocks}"
+    )
+    vllm = f"vLLM: {cap.max_concurrency:.2f}x, {cap.kv_cache_tokens} tokens"
+    if not cap.starts:
+        longest = cap.longest_request_tokens
         yield Finding(
             "kv.capacity",
             "fail",
-            f"{tokens} tokens",
-            required,
-            f"the KV cache holds {tokens} tokens, less than --max-model-len {max_len}: vLLM "
-            "refuses to start",
-            "raise --kv-cache-memory-bytes, or lower --max-model-len",
+            f"{cap.usable_blocks} blocks",
+            f">= {per} (one request of {max_len} tokens)",
+            f"{each}: vLLM refuses to start",
+            "raise --kv-cache-memory-bytes"
+            + (f", or lower --max-model-len to {longest}" if longest else ""),
         )
-    elif tokens < want:
+    elif cap.full_length_requests < seqs:
         yield Finding(
             "kv.capacity",
             "warn",
-            f"{tokens} tokens",
-            f">= {want} ({sched.max_num_seqs} x {max_len})",
-            f"{sched.max_num_seqs} full-length requests need {want} tokens; longer ones queue",
-            "accept it, or raise --kv-cache-memory-bytes if VRAM allows",
+            f"{cap.full_length_requests} full-length requests",
+            f">= {seqs} (--max-num-seqs)",
+            f"{each}: {cap.full_length_requests} run at once, more queue ({vllm}); shorter "
+            "requests fit more",
+            f"accept it, or --max-model-len {cap.longest_for(seqs)} for {seqs} at once"
+            if cap.longest_for(seqs)
+            else "accept it, or raise --kv-cache-memory-bytes if VRAM allows",
         )
     else:
         yield _ok(
             "kv.capacity",
-            f"{tokens} tokens",
-            f">= {want}",
-            f"{sched.max_num_seqs} full-length requests fit",
+            f"{cap.full_length_requests} full-length requests",
+            f">= {seqs}",
+            f"{each}: {seqs} fit ({vllm})",
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flashnext.facts.model_derived import config_int
+from flashnext.facts.model_derived import config_int, ple_layer_ids
 from flashnext.plan import qsa_sizing
 
 
@@ -37,6 +37,7 @@ def shape_from_text(
         ssm_state_bytes=4 if text.get("mamba_ssm_dtype", "float32") == "float32" else 2,
         num_speculative_tokens=num_speculative_tokens,
         drafter_qsa_layers=drafter_qsa_layers,
+        ple_layers=len(ple_layer_ids(text)),
     )
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from flashnext.plan.host_pools import HostPools, pow2_ceil
 from flashnext.plan.mtp_projection import MtpProjection
+from flashnext.plan.qsa_sizing import RequestCapacity
 from flashnext.units import GIB, gib
 
 MTP_PREFIX = "mtp."
@@ -199,10 +200,14 @@ class MtpFit:
     """Its offloaded weights as PyTorch's pinned allocator holds them (each parameter
     rounded up to a power of two)."""
     load: MtpLoad | None = None
-    kv_tokens: int | None = None
-    """K/V capacity of the pool with the drafter in it (None: QSA offload off)."""
-    kv_tokens_without: int | None = None
+    requests: RequestCapacity | None = None
+    """Requests the pool holds with the drafter in it, as vLLM counts its blocks (None:
+    QSA offload off)."""
+    requests_without: RequestCapacity | None = None
     """The same without MTP."""
+    kv_cache_bytes: int = 0
+    """--kv-cache-memory-bytes with the drafter's weights on its rank (the plan's own
+    when it fits)."""
     offload_params: tuple[str, ...] = ()
     cpu_offload_gb: str = ""
     """`--cpu-offload-gb`: the offloaded bytes in GiB, rounded up to 0.01."""
@@ -221,7 +226,13 @@ class MtpFit:
             "pinned_weight_bytes": self.pinned_weight_bytes,
             "load": None if self.load is None else self.load.to_json(),
             "kv_tokens": self.kv_tokens,
-            "kv_tokens_without_mtp": self.kv_tokens_without,
+            "kv_tokens_without_mtp": _kv_tokens(self.requests_without),
+            "full_length_requests": _full_length(self.requests),
+            "full_length_requests_without_mtp": _full_length(self.requests_without),
+            "longest_request_tokens": (
+                None if self.requests is None else self.requests.longest_request_tokens
+            ),
+            "kv_cache_memory_bytes": self.kv_cache_bytes,
             "cpu_offload_gb": self.cpu_offload_gb,
             "cpu_offload_params": list(self.offload_params),
             "experts_bf16": self.experts_bf16,
@@ -230,6 +241,19 @@ class MtpFit:
         if self.projection is not None:
             doc["projection"] = self.projection.to_json()
         return doc
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """vLLM's "KV cache size" with the drafter (None: QSA offload off)."""
+        return _kv_tokens(self.requests)
+
+
+def _kv_tokens(cap: RequestCapacity | None) -> int | None:
+    return None if cap is None else cap.kv_cache_tokens
+
+
+def _full_length(cap: RequestCapacity | None) -> int | None:
+    return None if cap is None else cap.full_length_requests
 
 
 def int4_bytes(bf16_bytes: int) -> int:
@@ -341,13 +365,14 @@ def fit_mtp(
     load: MtpLoad,
     kv_cache_bytes: int,
     pools: HostPools | None,
-    kv_tokens_without: int | None,
-    max_model_len: int,
+    requests: RequestCapacity | None,
+    requests_without: RequestCapacity | None,
     vram_kv_bytes_per_token: int,
 ) -> MtpFit:
     """The drafter on `rank`: `load` its pass through VRAM while loading; `pools` the
     QSA pools sized with it in (its layer among the last rank's), `kv_cache_bytes` the
-    per-rank KV budget sized with its resident bytes on that rank."""
+    per-rank KV budget sized with its resident bytes on that rank, `requests` what that
+    pool holds as vLLM counts it (vLLM refuses to start without one full-length request)."""
     tokens = pools.tokens if pools is not None else None
     arena = needs.num_layers * pools.per_layer_exact_bytes if pools else 0
     placed = {
@@ -365,7 +390,7 @@ def fit_mtp(
     pinned = needs.pinned_weight_bytes + (
         needs.num_layers * pools.per_layer_pinned_bytes if pools else 0
     )
-    serving = kv_cache_bytes > 0 and (tokens is None or tokens >= max_model_len)
+    serving = kv_cache_bytes > 0 and (requests is None or requests.starts)
     fits = load.fits and serving
     how = "BF16" if needs.experts_bf16 else "INT4"
     if not load.fits:
@@ -387,18 +412,23 @@ def fit_mtp(
     elif not serving:
         reason = (
             f"with the drafter's {gib(needs.resident_bytes)} of weights in rank {rank}'s VRAM "
-            f"and its QSA layer in the KV pool, the pool holds {tokens or 0} tokens, fewer "
-            f"than --max-model-len {max_model_len}"
-        )
+            f"and its QSA layer in the KV pool, "
+            + ("there is no VRAM left for the KV cache" if requests is None
+               else f"{_blocks(requests)}: vLLM refuses to start{_longest(requests)}")
+        )  # fmt: skip
     else:
-        held = f"the KV pool holds {tokens} tokens ({kv_tokens_without} without MTP)"
+        held = (
+            f"{_requests(requests)} ({_requests(requests_without)} without MTP)"
+            if requests is not None
+            else "QSA offload off"
+        )
         reason = (
             f"fits on rank {rank}: {gib(needs.resident_bytes)} of weights in VRAM (its layer "
             f"without the routed experts, fc/norms/mixer) and its QSA layer in the KV pool; "
             f"{how} experts and its embedding ({gib(needs.offloaded_bytes)}) in pinned host "
             f"memory, {gib(pinned)} pinned with its K/V arena; loading puts "
             f"{gib(load.transient_bytes)} on the GPU at once, {gib(load.room_bytes)} free "
-            f"then ({load.binds} binds); {held if tokens is not None else 'QSA offload off'}"
+            f"then ({load.binds} binds); {held}"
         )
     return MtpFit(
         fits=fits,
@@ -408,9 +438,36 @@ def fit_mtp(
         pinned_bytes=pinned,
         pinned_weight_bytes=needs.pinned_weight_bytes,
         load=load,
-        kv_tokens=tokens,
-        kv_tokens_without=kv_tokens_without,
+        requests=requests,
+        requests_without=requests_without,
+        kv_cache_bytes=kv_cache_bytes,
         offload_params=needs.offload_params,
         cpu_offload_gb=cpu_offload_gib(needs.offloaded_bytes),
         experts_bf16=needs.experts_bf16,
+    )
+
+
+def _blocks(cap: RequestCapacity) -> str:
+    """What one request at max_model_len takes from the pool, and what the pool has."""
+    g = cap.groups
+    return (
+        f"a request of {cap.max_model_len} tokens takes {cap.blocks_per_request} blocks of the "
+        f"pool's {cap.usable_blocks} ({cap.kv_blocks_per_request} of K/V, "
+        f"{cap.state_blocks_per_request} of state for {g.gdn} GDN, {g.ple} PLE and {g.ring} "
+        "ring groups)"
+    )
+
+
+def _longest(cap: RequestCapacity) -> str:
+    longest = cap.longest_request_tokens
+    return f"; it starts at --max-model-len {longest} at most" if longest else ""
+
+
+def _requests(cap: RequestCapacity | None) -> str:
+    if cap is None:
+        return "no KV"
+    n = cap.full_length_requests
+    return (
+        f"{n} request{'' if n == 1 else 's'} of {cap.max_model_len} tokens at once (vLLM: "
+        f"{cap.max_concurrency:.2f}x, {cap.kv_cache_tokens} tokens)"
     )

@@ -144,6 +144,9 @@ class Plan:
     """Why each variable derived from the facts (not the profile's) is set."""
     mtp: MtpFit | None = None
     """The MTP drafter on the last rank, when the profile asks for it."""
+    kv_capacity: qsa_sizing.RequestCapacity | None = None
+    """Requests of max_model_len tokens the pool holds, as vLLM counts its blocks
+    (None: QSA offload off)."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan's own JSON (no argv); `plan --json` is command.plan_json's."""
@@ -151,6 +154,9 @@ class Plan:
         doc.pop("mtp")
         if self.mtp is not None:  # absent otherwise: plans without MTP keep their hash
             doc["mtp"] = self.mtp.to_json()
+        doc.pop("kv_capacity")
+        if self.kv_capacity is not None:  # absent without QSA offload: no pool to count
+            doc["kv_capacity"] = capacity_json(self.kv_capacity)
         doc["schema_version"] = PLAN_SCHEMA_VERSION
         for rank, derived in zip(doc["ranks"], self.ranks, strict=True):
             if not derived.drafter_weight_bytes:  # plans without MTP keep their hash
@@ -161,6 +167,16 @@ class Plan:
         doc["decode"]["tokens_per_s"] = round(self.decode.tokens_per_s, 2)
         doc["plan_hash"] = hashlib.sha256(dumps(doc).encode()).hexdigest()
         return doc
+
+
+def capacity_json(cap: qsa_sizing.RequestCapacity) -> dict[str, Any]:
+    """A RequestCapacity with the figures vLLM reports (its fields and properties)."""
+    doc = to_jsonable(cap)
+    for name in ("blocks_per_request", "usable_blocks", "full_length_requests", "starts",
+                 "kv_cache_tokens", "longest_request_tokens"):  # fmt: skip
+        doc[name] = getattr(cap, name)
+    doc["max_concurrency"] = round(cap.max_concurrency, 4)
+    return doc
 
 
 # ---------------------------------------------------------------- derivations
@@ -358,11 +374,11 @@ def _plan(
         num_experts=config_int(text, "num_experts", 0, minimum=0),
         bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
     )
-    budget = _Budget(text, ranges, profile, options, vram_total, usable, fixed)
+    budget = _Budget(text, ranges, profile, options, vram_total, usable, fixed, max_len.value)
     sized = _size(budget, None)
     mtp = None
     if profile.mtp.enabled:
-        mtp, with_drafter = _mtp_fit(model, budget, weights, max_len.value, decode, sized)
+        mtp, with_drafter = _mtp_fit(model, budget, weights, decode, sized)
         if mtp.fits:  # otherwise the plan is the one without MTP, and mtp says why
             sized = with_drafter
 
@@ -410,6 +426,7 @@ def _plan(
         notes=tuple(notes),
         env_reasons=env_reasons,
         mtp=mtp,
+        kv_capacity=sized.capacity,
     )
 
 
@@ -425,6 +442,7 @@ class _Budget:
     usable: int
     fixed: list[int]
     """Per rank: target weights, workspace, PP buffers, activations."""
+    max_model_len: int
 
 
 @dataclass(frozen=True)
@@ -434,6 +452,7 @@ class _Sized:
     qsa: host_pools.HostPools | None
     drafter_bytes: tuple[int, ...]
     """Per rank: the MTP drafter's resident weights (all 0 without it)."""
+    capacity: qsa_sizing.RequestCapacity | None
 
 
 def _size(budget: _Budget, drafter: MtpNeeds | None) -> _Sized:
@@ -451,14 +470,24 @@ def _size(budget: _Budget, drafter: MtpNeeds | None) -> _Sized:
     # rank with the least VRAM left after weights and buffers.
     tightest = min(range(pp), key=lambda r: left[r])
     kv, qsa = _kv_cache_bytes(shape, budget.ranges, budget.profile, budget.options, left[tightest])
-    return _Sized(tightest, kv, qsa, tuple(extra))
+    capacity = (
+        qsa_sizing.request_capacity(
+            shape,
+            qsa.num_blocks,
+            qsa.block_tokens,
+            budget.max_model_len,
+            prefix_caching=budget.profile.scheduler.enable_prefix_caching,
+        )
+        if qsa is not None
+        else None
+    )
+    return _Sized(tightest, kv, qsa, tuple(extra), capacity)
 
 
 def _mtp_fit(
     model: ModelFacts,
     budget: _Budget,
     weights: list[int],
-    max_model_len: int,
     decode: DecodeRoofline,
     without: _Sized,
 ) -> tuple[MtpFit, _Sized | None]:
@@ -492,8 +521,8 @@ def _mtp_fit(
         load=load,
         kv_cache_bytes=sized.kv.value,
         pools=sized.qsa,
-        kv_tokens_without=without.qsa.tokens if without.qsa is not None else None,
-        max_model_len=max_model_len,
+        requests=sized.capacity,
+        requests_without=without.capacity,
         vram_kv_bytes_per_token=qsa_sizing.offload_vram_bytes_per_token(
             host_pools.shape_from_text(budget.text)
         ),

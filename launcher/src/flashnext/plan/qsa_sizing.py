@@ -9,6 +9,9 @@ asserts the two agree. Figures for the 3x3090 profile (SPEC.md, maps/QSA.md
 section 5): stock block 1568 tokens and a 3,211,264 B padded mamba page;
 under offload 12,144-token blocks, 550e6 B -> 171 blocks -> 2,076,624
 tokens -> 3.961 GiB of host K/V per QSA layer, 47.5 GiB for 12 layers.
+How many requests those blocks hold is vLLM's grouping and block accounting
+(`kv_groups`, `request_capacity`), held to vLLM's own planner and block
+manager by `checks/patches/test_kv_request_capacity.py`.
 """
 
 from __future__ import annotations
@@ -56,10 +59,17 @@ class QsaShape:
     """QSA layers of the MTP drafter, all on the last PP rank (0: no drafter). Its
     layer joins that rank's KV pool and offloads like the target's (plan/mtp.py), so
     the sizing counts it as one more QSA layer there."""
+    ple_layers: int = 1
+    """Layers with a PLE short-conv state (ple_layer_ids); a state like a GDN layer's."""
 
     def qsa_layer_ids(self) -> list[int]:
         step = self.full_attention_interval
         return [i for i in range(self.num_hidden_layers) if (i + 1) % step == 0]
+
+    @property
+    def gdn_layers(self) -> int:
+        """Gated delta-net layers of the target: every layer that is not QSA."""
+        return self.num_hidden_layers - len(self.qsa_layer_ids())
 
 
 def pp_partition(
@@ -260,4 +270,143 @@ def size_offload(
         host_bytes_total=host_layer * sum(per_rank),
         host_bytes_busiest_rank=host_layer * busiest,
         qsa_layers_per_rank=tuple(per_rank),
+    )
+
+
+# ---------------------------------------------------------------- requests in the pool
+# vLLM gives every PP rank the same num_blocks, and a request takes blocks from that one
+# pool for every KV cache group: its K/V pages (cdiv(length, block)) and, whatever its
+# length, its GDN, PLE and raw-key-ring states. Every block is the largest page, so a
+# state block costs as much as a K/V block: num_blocks x block tokens would hold only
+# for requests without states.
+
+
+def approximate_gcd(values: list[int], lower_bound: int) -> int:
+    """vLLM's `_approximate_gcd` (v1/core/kv_cache_planning.py): the width d in
+    [lower_bound, max(values)] that pads the fewest layers, ties to the larger d."""
+    best, best_pad = lower_bound, None
+    for d in range(lower_bound, max(values) + 1):
+        pad = sum(-x % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+@dataclass(frozen=True)
+class KvGroups:
+    """The KV cache groups vLLM 0.33.0 forms for this model under QSA offload
+    (`_get_packed_kv_cache_groups`, the block-outermost layout QSA selects). It groups
+    the whole model's layers, every PP rank's together; each rank keeps every group,
+    emptied where it holds none of the group's layers."""
+
+    qsa: int
+    """Groups of the QSA layers' VRAM pages (slot numbers and pooled keys)."""
+    ring: int
+    """Groups of their raw-key rings."""
+    gdn: int
+    """Groups of GDN states."""
+    gdn_layers_per_group: int
+    """The most GDN layers one group holds, model-wide."""
+    ple: int
+    """Groups of PLE short-conv states."""
+
+
+def kv_groups(shape: QsaShape, block_size_tokens: int) -> KvGroups:
+    """vLLM's grouping. QSA, ring, GDN and PLE layers form a bucket each; the QSA one
+    mixes two page sizes (slot numbers, pooled keys), which keeps its layers in one
+    group. A GDN group holds as many states as the widest group's page (the anchor)
+    fits. The anchor is the whole model's QSA page while each PP rank's block is its
+    own: 0020 makes a rank's page just fit one state, so 3 ranks' pages hold 2 states,
+    not 3, and 36 GDN layers make 18 groups, each split over two ranks."""
+    n_qsa = len(shape.qsa_layer_ids()) + shape.drafter_qsa_layers
+    n_gdn, n_ple = shape.gdn_layers, shape.ple_layers
+    repeats = approximate_gcd([n for n in (n_qsa, n_qsa, n_gdn, n_ple) if n], n_qsa)
+    qsa = _cdiv(n_qsa, repeats)
+    mamba = mamba_page_bytes(shape)
+    # The PLE state (180 KiB) and a ring (1 KiB per layer) never set the anchor.
+    anchor = max(_cdiv(n_qsa, qsa) * offload_vram_bytes_per_token(shape) * block_size_tokens, mamba)
+    gdn = max(_cdiv(n_gdn, repeats), _cdiv(n_gdn, max(anchor // mamba, 1))) if n_gdn else 0
+    return KvGroups(
+        qsa=qsa,
+        ring=qsa,
+        gdn=gdn,
+        gdn_layers_per_group=_cdiv(n_gdn, gdn) if gdn else 0,
+        ple=_cdiv(n_ple, repeats) if n_ple else 0,
+    )
+
+
+@dataclass(frozen=True)
+class RequestCapacity:
+    """Requests of max_model_len tokens the pool holds, as vLLM counts them."""
+
+    max_model_len: int
+    num_blocks: int
+    """Per rank (vLLM gives every rank the smallest rank's count)."""
+    block_size_tokens: int
+    groups: KvGroups
+    kv_blocks_per_request: int
+    """A request's K/V pages: cdiv(max_model_len, block) per QSA group."""
+    state_blocks_per_request: int
+    """Its states, whatever its length: 1 + k blocks per GDN and PLE group (prefix caching
+    off; 2 + k on: vLLM's MambaSpec), one per ring group."""
+
+    @property
+    def blocks_per_request(self) -> int:
+        return self.kv_blocks_per_request + self.state_blocks_per_request
+
+    @property
+    def usable_blocks(self) -> int:
+        """num_blocks less the null block vLLM's BlockPool holds back."""
+        return max(self.num_blocks - 1, 0)
+
+    @property
+    def full_length_requests(self) -> int:
+        """Requests of max_model_len tokens that can hold their blocks at once."""
+        return self.usable_blocks // self.blocks_per_request
+
+    @property
+    def starts(self) -> bool:
+        """vLLM refuses to start when one such request does not fit (get_kv_cache_configs)."""
+        return self.full_length_requests >= 1
+
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's `get_max_concurrency_for_kv_cache_config` (it counts the null block)."""
+        return self.num_blocks / self.blocks_per_request
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """vLLM's logged "KV cache size: N tokens": max_concurrency x max_model_len."""
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def longest_request_tokens(self) -> int:
+        """The largest --max-model-len one request fits at (vLLM's estimate when it refuses)."""
+        return self.longest_for(1)
+
+    def longest_for(self, requests: int) -> int:
+        """The largest --max-model-len at which `requests` such requests fit at once."""
+        room = self.usable_blocks // requests - self.state_blocks_per_request
+        return max(room, 0) // self.groups.qsa * self.block_size_tokens
+
+
+def request_capacity(
+    shape: QsaShape,
+    num_blocks: int,
+    block_size_tokens: int,
+    max_model_len: int,
+    *,
+    prefix_caching: bool = False,
+) -> RequestCapacity:
+    """The pool's requests at max_model_len. Prefix caching selects vLLM's mamba cache
+    mode: "none" keeps 1 + k blocks per state, "align" 2 + k."""
+    groups = kv_groups(shape, block_size_tokens)
+    per_state = (2 if prefix_caching else 1) + shape.num_speculative_tokens
+    return RequestCapacity(
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        block_size_tokens=block_size_tokens,
+        groups=groups,
+        kv_blocks_per_request=groups.qsa * _cdiv(max_model_len, block_size_tokens),
+        state_blocks_per_request=(groups.gdn + groups.ple) * per_state + groups.ring,
     )
