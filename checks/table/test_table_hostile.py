@@ -337,6 +337,10 @@ def test_storage_checks_look_where_the_symlink_points(
         assert link.is_symlink()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupted_prepare_says_it_resumes(tmp_path: Path) -> None:
     """Ctrl-C mid-copy (a real SIGINT to a real process): one line that says what was
     kept and that the same command resumes, exit 130, no traceback; then it does."""
@@ -346,7 +350,11 @@ def test_interrupted_prepare_says_it_resumes(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", PACED_CLI, "table", "prepare", "--model", str(ckpt.path),
             "--out", str(out), "--chunk-bytes", str(1 << 20), "--sync-bytes", str(1 << 20),
             *force_if_needed(tmp_path)]  # fmt: skip
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell runs background jobs with SIGINT ignored, and an ignored signal is
+    # inherited: give the child the default action back, so Python turns Ctrl-C
+    # into KeyboardInterrupt as it does in a terminal.
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_default_sigint)  # fmt: skip
     deadline = time.monotonic() + 60
     while journal_bytes(journal) < (4 << 20) and child.poll() is None:
         assert time.monotonic() < deadline, "prepare made no progress"
