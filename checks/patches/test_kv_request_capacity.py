@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 from qsa_offload_cpu import offload_on_cpu
 from test_qsa_block_size import REAL_SHAPES
-from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
+from test_qsa_block_size_mtp import specs_for_pp, split_per_rank
+from tiny_qwen4_exp import engine_args, write_tiny_qwen4_exp
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
@@ -47,7 +48,6 @@ from flashnext.tools.mtp_int4 import int4_byte_classes  # noqa: E402
 
 FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 PROFILE = available_profiles()["3x3090"]
-LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
 # The shipped context length, and the drafter's layer (mtp_num_hidden_layers).
 SHAPES = REAL_SHAPES | {
     key: full_text_config()[key] for key in ("max_position_embeddings", "mtp_num_hidden_layers")
@@ -125,13 +125,7 @@ def parse(argv: tuple[str, ...]):
 
 def vllm_pool(model_dir: Path, argv: tuple[str, ...]) -> Pool:
     """vLLM's KV cache plan for the argv's scheduler settings and KV bytes, every rank."""
-    import torch
-    import vllm.models.qwen4_exp.nvidia.qsa as qsa
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed.utils import get_pp_indices
-    from vllm.platforms.interface import Platform
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
     ns = parse(argv)
     spec = ns.speculative_config
@@ -145,30 +139,7 @@ def vllm_pool(model_dir: Path, argv: tuple[str, ...]) -> Pool:
         speculative_config=spec,
     ).create_engine_config()
     pp = ns.pipeline_parallel_size
-    # As test_qsa_block_size_mtp: align the block for PP, build one process's model.
-    config.parallel_config.pipeline_parallel_size = pp
-    config.cache_config.block_size = 16  # CUDA's default before hybrid alignment
-    config.cache_config.mamba_page_size_padded = None
-    Platform._align_hybrid_block_size(config, qsa.Qwen4ExpQSAFlashAttentionBackend)
-    config.parallel_config.pipeline_parallel_size = 1
-    build_model(config)
-    if spec is not None:
-        from vllm.models.qwen4_exp.nvidia.mtp import Qwen4ExpMTP
-
-        draft = config.speculative_config.apply_draft_overrides(config)
-        with set_current_vllm_config(draft), torch.device("meta"):
-            Qwen4ExpMTP(vllm_config=draft, prefix="")
-    specs = get_kv_cache_spec(config)
-    config.cache_config.kv_cache_layout = "BLNHC"
-    num_layers = SHAPES["num_hidden_layers"]
-    per_rank: list[dict] = [{} for _ in range(pp)]
-    for name, layer_spec in specs.items():
-        index = int(LAYER_INDEX.search(name).group(1))
-        for rank in range(pp):
-            start, end = get_pp_indices(num_layers, rank, pp)
-            # The drafter's layers (numbered after the target's) sit on the last rank.
-            if start <= index < end or (index >= num_layers and rank == pp - 1):
-                per_rank[rank][name] = layer_spec
+    per_rank = split_per_rank(specs_for_pp(config, pp), SHAPES["num_hidden_layers"], pp)
     groups = get_global_kv_cache_groups(config, per_rank)
     try:
         configs = get_kv_cache_configs(config, per_rank, [ns.kv_cache_memory_bytes] * pp, groups)

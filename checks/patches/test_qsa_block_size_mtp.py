@@ -56,8 +56,11 @@ TINY = dataclasses.replace(TINY_WITHOUT_MTP, num_speculative_tokens=1, drafter_q
 DRAFTER_QSA = "mtp.layers.7.self_attn.attn"
 
 
-def _specs_with_drafter(model_dir: Path, pp_size: int):
-    """(config, specs of target + drafter) with the block aligned for `pp_size`."""
+def specs_for_pp(config, pp_size: int) -> dict:
+    """Every layer's KV spec as one process of a `pp_size` pipeline collects them:
+    the block aligned for `pp_size`, the whole target built on `meta` (and the
+    drafter, when the config drafts), BLNHC as QSA selects. Split them per rank
+    with split_per_rank."""
     import torch
     import vllm.models.qwen4_exp.nvidia.model  # noqa: F401  (qsa imports model)
     import vllm.models.qwen4_exp.nvidia.qsa as qsa
@@ -66,9 +69,6 @@ def _specs_with_drafter(model_dir: Path, pp_size: int):
     from vllm.platforms.interface import Platform
     from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
-    config = engine_args(
-        model_dir, engram_config={"cpu_offload": False}, speculative_config=SPEC
-    ).create_engine_config()
     config.parallel_config.pipeline_parallel_size = pp_size
     config.cache_config.block_size = 16  # CUDA's default before hybrid alignment
     config.cache_config.mamba_page_size_padded = None
@@ -76,12 +76,36 @@ def _specs_with_drafter(model_dir: Path, pp_size: int):
     # Build the whole target (one process), then split its specs per rank.
     config.parallel_config.pipeline_parallel_size = 1
     build_model(config)
-    draft_config = config.speculative_config.apply_draft_overrides(config)
-    with set_current_vllm_config(draft_config), torch.device("meta"):
-        Qwen4ExpMTP(vllm_config=draft_config, prefix="")
+    if config.speculative_config is not None:
+        draft_config = config.speculative_config.apply_draft_overrides(config)
+        with set_current_vllm_config(draft_config), torch.device("meta"):
+            Qwen4ExpMTP(vllm_config=draft_config, prefix="")
     specs = get_kv_cache_spec(config)
     config.cache_config.kv_cache_layout = "BLNHC"
-    return config, specs
+    return specs
+
+
+def split_per_rank(specs: dict, num_layers: int, pp_size: int) -> list[dict]:
+    """Each rank's layers (vLLM's get_pp_indices); the drafter's layers, numbered
+    after the target's, sit on the last rank."""
+    from vllm.distributed.utils import get_pp_indices
+
+    per_rank: list[dict] = [{} for _ in range(pp_size)]
+    for name, spec in specs.items():
+        index = int(LAYER_INDEX.search(name).group(1))
+        for rank in range(pp_size):
+            start, end = get_pp_indices(num_layers, rank, pp_size)
+            if start <= index < end or (index >= num_layers and rank == pp_size - 1):
+                per_rank[rank][name] = spec
+    return per_rank
+
+
+def _specs_with_drafter(model_dir: Path, pp_size: int):
+    """(config, specs of target + drafter) with the block aligned for `pp_size`."""
+    config = engine_args(
+        model_dir, engram_config={"cpu_offload": False}, speculative_config=SPEC
+    ).create_engine_config()
+    return config, specs_for_pp(config, pp_size)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +119,6 @@ def offload_env():
 @pytest.fixture(scope="module")
 def real_pp3(offload_env, tmp_path_factory: pytest.TempPathFactory):
     """(block size, per-rank specs, per-rank KVCacheConfigs) at PP=3."""
-    from vllm.distributed.utils import get_pp_indices
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
 
     model_dir = write_tiny_qwen4_exp(
@@ -103,15 +126,7 @@ def real_pp3(offload_env, tmp_path_factory: pytest.TempPathFactory):
         text_overrides=REAL_SHAPES | MTP,
     )
     config, specs = _specs_with_drafter(model_dir, pp_size=3)
-    num_layers = REAL.num_hidden_layers
-    per_rank: list[dict] = [{} for _ in range(3)]
-    for name, spec in specs.items():
-        index = int(LAYER_INDEX.search(name).group(1))
-        for rank in range(3):
-            start, end = get_pp_indices(num_layers, rank, 3)
-            # The drafter's layers (numbered after the target's) sit on the last rank.
-            if start <= index < end or (index >= num_layers and rank == 2):
-                per_rank[rank][name] = spec
+    per_rank = split_per_rank(specs, REAL.num_hidden_layers, 3)
     groups = get_global_kv_cache_groups(config, per_rank)
     configs = get_kv_cache_configs(config, per_rank, [KV_REAL_BYTES] * 3, groups)
     return config.cache_config.block_size, per_rank, configs
