@@ -185,9 +185,11 @@ NORM_NOISE = 0.02
 MAX_SHARD_BYTES = 16 << 20
 
 
-def tiny_gpu_config() -> dict[str, Any]:
+def tiny_gpu_config(layers: int = 8) -> dict[str, Any]:
     """config.json: the skeleton's tiny qwen4_exp with TEXT_OVERRIDES, no quantization_config."""
-    config = tiny_config(**TEXT_OVERRIDES)
+    # `layers` > 8 (the PP harness's 12: [linear x3, QSA] x3, one QSA layer per
+    # rank of PP=3) keeps the pattern: QSA every 4th layer, PLE on layer 1.
+    config = tiny_config(**(TEXT_OVERRIDES | {"num_hidden_layers": layers}))
     # No deepstack: the tiny tower has one block, and vLLM reads the key when it
     # builds the tower (runs without --language-model-only).
     config["vision_config"]["deepstack_visual_indexes"] = []
@@ -369,7 +371,7 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
-def write_tiny_model(out_dir: str | os.PathLike[str], *, seed: int = 0) -> Path:
+def write_tiny_model(out_dir: str | os.PathLike[str], *, seed: int = 0, layers: int = 8) -> Path:
     """Write the checkpoint into out_dir (absent or empty); returns its path.
 
     Built in a temporary directory beside out_dir and renamed into place, so
@@ -380,7 +382,7 @@ def write_tiny_model(out_dir: str | os.PathLike[str], *, seed: int = 0) -> Path:
         raise FileExistsError(f"{out} exists and is not an empty directory")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} does not exist; create it first")
-    config = tiny_gpu_config()
+    config = tiny_gpu_config(layers)
     text = config["text_config"]
     hidden = int(text["hidden_size"])
     entries = build_inventory(config, quantized=False).entries
@@ -415,9 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("out_dir", type=Path, help="new (or empty) directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--layers", type=int, default=8, choices=(8, 12), help="decoder layers (12: the PP=3 harness)"
+    )
     args = parser.parse_args(argv)
     try:
-        path = write_tiny_model(args.out_dir, seed=args.seed)
+        path = write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers)
     except (FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

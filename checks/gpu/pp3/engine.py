@@ -1,0 +1,143 @@
+"""One engine of the PP=3 harness: start vLLM at PP=1 or PP=3 (three ranks on
+one GPU through onegpu/sitecustomize.py), generate greedily, capture every
+rank's layer outputs (capture.py), stop.
+
+    python checks/gpu/pp3/engine.py SPEC.json OUT.json
+
+SPEC: {"run", "model", "pp", "graphs": "eager"|"full_decode_only", "table"
+(PLE file or null), "offload" (QSA K/V in host RAM, 1,024-token chunks),
+"speculative_config" (MTP), "sync" (a capture.install_sync probe), "capture",
+"cases": [[prompt_tokens, batch], ...], "seed", "max_new_tokens",
+"kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "env"}.
+Layer captures go to OUT.<case>.rank<R>.pt beside OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": spec["model"],
+        "language_model_only": True,
+        "dtype": "bfloat16",
+        "seed": 0,
+        "max_model_len": spec.get("max_model_len", 24576),
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 512,
+        "enable_prefix_caching": False,
+        "kv_cache_memory_bytes": spec.get("kv_cache_memory_bytes", 256 << 20),
+        "gpu_memory_utilization": spec.get("gpu_memory_utilization", 0.08),
+        "additional_config": {"gdn_prefill_backend": "triton"},
+    }
+    if spec["graphs"] == "eager":
+        kwargs["enforce_eager"] = True
+    else:
+        kwargs["compilation_config"] = {
+            "mode": 0,
+            "cudagraph_mode": "FULL_DECODE_ONLY",
+            "cudagraph_capture_sizes": [1, 2, 4],
+        }
+    if spec.get("table"):
+        kwargs["engram_config"] = {"mmap_path": spec["table"]}
+    if spec.get("load_format"):
+        kwargs["load_format"] = spec["load_format"]
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = spec["speculative_config"]
+        kwargs["disable_log_stats"] = False
+    if spec["pp"] > 1:
+        kwargs["pipeline_parallel_size"] = spec["pp"]
+        kwargs["distributed_executor_backend"] = "mp"
+    return kwargs
+
+
+def prompts_for(length: int, batch: int, vocab: int, seed: int) -> list[list[int]]:
+    """Distinct random ids per prompt (the same for every engine of a run)."""
+    rng = random.Random(seed * 1_000_003 + length * 31 + batch)
+    return [rng.sample(range(100, vocab - 100), length) for _ in range(batch)]
+
+
+def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    sys.path.insert(0, str(HERE))
+    import capture
+
+    started = time.perf_counter()
+    llm = LLM(**engine_kwargs(spec))
+    result: dict[str, Any] = {"startup_s": time.perf_counter() - started, "cases": {}}
+    result["sync"] = llm.collective_rpc(capture.install_sync, args=(spec.get("sync", "none"),))
+    if spec.get("capture"):
+        result["capture_layers"] = llm.collective_rpc(capture.install_capture)
+    config = json.loads((Path(spec["model"]) / "config.json").read_text())
+    vocab = int(config.get("text_config", config)["vocab_size"])
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=spec.get("max_new_tokens", 8),
+        logprobs=1,
+        ignore_eos=True,
+        detokenize=False,
+    )
+    for length, batch in spec["cases"]:
+        case = f"{length}x{batch}"
+        prompts = prompts_for(length, batch, vocab, spec.get("seed", 7))
+        if spec.get("capture"):
+            llm.collective_rpc(capture.start)
+        t0 = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        entry: dict[str, Any] = {
+            "seconds": time.perf_counter() - t0,
+            "output_ids": [list(o.outputs[0].token_ids) for o in outputs],
+            "output_logprobs": [
+                [max(step.values(), key=lambda lp: lp.logprob).logprob for step in o.outputs[0].logprobs]
+                for o in outputs
+            ],
+        }
+        if spec.get("capture"):
+            entry["capture"] = llm.collective_rpc(capture.dump, args=(str(out.with_suffix(f".{case}")),))
+        result["cases"][case] = entry
+        print(f"{spec['run']} {case}: {entry['output_ids'][0][:8]} ({entry['seconds']:.1f} s)", flush=True)
+    if spec.get("speculative_config"):
+        sys.path.insert(0, str(HERE.parent))
+        from in_vllm_worker import spec_decode_counts
+
+        result["spec_decode"] = spec_decode_counts(llm.get_metrics())
+    return result
+
+
+def main() -> int:
+    spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
+    spec = json.loads(spec_path.read_text())
+    os.environ.update(spec.get("env", {}))
+    # The engine core in this process; capture.py importable by every worker
+    # (collective_rpc pickles its functions by reference).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ["PYTHONPATH"] = f"{HERE}:{os.environ.get('PYTHONPATH', '')}"
+    record: dict[str, Any] = {"run": spec["run"], "spec": spec, "ok": False}
+    try:
+        record.update(run(spec, out))
+        record["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - the record says how the engine died
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()[-4000:]
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out)
+    print(f"{spec['run']}: {'ok' if record['ok'] else record.get('error')}", flush=True)
+    # Skip interpreter teardown: vLLM's workers can hang it after a crash.
+    os._exit(0 if record["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
