@@ -341,3 +341,83 @@ def test_refuses_a_depends_entry_that_is_not_a_patch_name(site: Path, tmp_path: 
     series = write_series(tmp_path, patches)
 
     assert_refused(run_apply(site, "--series", series), "0002-second.patch: Depends names 'first'")
+
+
+def _text_dependent_patches(tmp_path: Path) -> dict[str, str]:
+    """0002's hunk has 0001's changed line in its context: it applies only after 0001."""
+    one = STOCK_CACHE.replace("line 5\n", "line 5 patched\n")
+    two = one.replace("line 6\n", "line 6 patched\n")
+    return {
+        "0001-first.patch": make_diff("vllm/config/cache.py", STOCK_CACHE, one, tmp_path),
+        "0002-second.patch": make_diff("vllm/config/cache.py", one, two, tmp_path),
+    }
+
+
+def test_applies_a_series_whose_text_prerequisites_come_first(site: Path, tmp_path: Path) -> None:
+    patches = _text_dependent_patches(tmp_path)
+    patches["0002-second.patch"] = (
+        "Applies-After: 0001-first.patch\n\n" + patches["0002-second.patch"]
+    )
+    series = write_series(tmp_path, patches)
+
+    proc = run_apply(site, "--series", series)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "line 5 patched\nline 6 patched\n" in (site / "vllm/config/cache.py").read_text()
+
+
+def test_refuses_a_series_that_lacks_a_text_prerequisite(site: Path, tmp_path: Path) -> None:
+    """Without its header field, 0002 alone fails inside GNU patch; with it, before."""
+    body = _text_dependent_patches(tmp_path)["0002-second.patch"]
+    series = write_series(tmp_path, {"0002-second.patch": body})
+    before = snapshot(site)
+    assert_refused(run_apply(site, "--series", series), "0002-second.patch does not apply cleanly")
+    series = write_series(
+        tmp_path, {"0002-second.patch": "Applies-After: 0001-first.patch\n\n" + body}
+    )
+
+    proc = run_apply(site, "--series", series)
+
+    assert_refused(
+        proc,
+        "0002-second.patch applies only after 0001-first.patch (its Applies-After field),"
+        " which series",
+        "fix: add 0001-first.patch to series before 0002-second.patch, or remove"
+        " 0002-second.patch from it (its hunks need 0001-first.patch's text: regenerate it"
+        " without 0001-first.patch)",
+    )
+    assert "GNU patch" not in proc.stderr, "refused by the header, not by a failed hunk"
+    assert snapshot(site) == before
+
+
+def test_refuses_a_text_prerequisite_listed_after_its_user(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    patches["0001-first.patch"] = (
+        "Applies-After:\n 0002-second.patch\n\n" + patches["0001-first.patch"]
+    )
+    series = write_series(tmp_path, patches)
+    before = snapshot(site)
+
+    proc = run_apply(site, "--series", series, "--check")
+
+    assert_refused(
+        proc,
+        "0001-first.patch applies only after 0002-second.patch, which series lists after it",
+        "fix: list 0002-second.patch before 0001-first.patch",
+    )
+    assert snapshot(site) == before
+
+
+def test_refuses_a_prerequisite_in_both_fields(site: Path, tmp_path: Path) -> None:
+    patches = good_patches(tmp_path)
+    patches["0002-second.patch"] = (
+        "Depends: 0001-first.patch\nApplies-After: 0001-first.patch\n\n"
+        + patches["0002-second.patch"]
+    )
+    series = write_series(tmp_path, patches)
+
+    assert_refused(
+        run_apply(site, "--series", series),
+        "0002-second.patch: 0001-first.patch is in both Depends and Applies-After",
+        "fix: keep it in Depends only",
+    )

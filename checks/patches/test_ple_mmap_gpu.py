@@ -1,11 +1,15 @@
-"""Patches 0012/0013 on a real GPU: pinned staging, H2D into the fixed buffer, FULL graph replay.
+"""Patch 0012's ple_mmap module of the tree under test; on a GPU: pinned staging, H2D, FULL replay.
 
-    pytest checks/patches/test_ple_mmap_gpu.py        # skipped without CUDA
-    python checks/patches/test_ple_mmap_gpu.py         # same checks, no pytest needed
+    pytest checks/patches/test_ple_mmap_gpu.py --vllm-tree=...  # GPU tests skip without CUDA
+    python checks/patches/test_ple_mmap_gpu.py                  # same checks, no pytest needed
 
-Needs torch with CUDA only: the module under test (vllm/models/qwen4_exp/
-common/ple_mmap.py) is read out of the patch file, so what runs is what the
-patch ships, without vLLM installed.
+The module under test is vllm/models/qwen4_exp/common/ple_mmap.py (0012
+creates it; 0013 only calls it before forward) of the vLLM tree that `import
+vllm` finds, as in every proof: ENV/stock first on PYTHONPATH for the stock
+tree, which has no such module (the proofs then fail there, strictly). It is
+imported by path, without importing the rest of vLLM: it needs only torch and
+the standard library (its docstring says so), so a GPU host needs the tree,
+not vLLM's dependencies.
 """
 
 from __future__ import annotations
@@ -28,12 +32,11 @@ if pytest is not None:
 else:
     import torch
 
-REPO = Path(__file__).resolve().parents[2]
-# The patch that creates ple_mmap.py (0013 only calls it before forward).
-PATCH = REPO / "patches" / "vllm-0.33.0" / "0012-qwen4-exp-ple-mmap-backend.patch"
-MODULE = "vllm/models/qwen4_exp/common/ple_mmap.py"
+PATCH = "0012-qwen4-exp-ple-mmap-backend.patch"
+MODULE = Path("models/qwen4_exp/common/ple_mmap.py")  # inside the vllm package
 ROWS, DIM, HEADS = 200_003, 160, 16
 
+proves = pytest.mark.proves(PATCH) if pytest else (lambda test: test)
 needs_cuda = (
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
     if pytest
@@ -41,21 +44,19 @@ needs_cuda = (
 )
 
 
+def vllm_package_dir() -> Path:
+    """The vllm package `import vllm` would load, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None, "vllm is not on sys.path"
+    return Path(spec.origin).parent
+
+
 def load_ple_mmap() -> ModuleType:
-    """The new file of the patch, reassembled from its '+' lines and imported."""
-    lines, inside = [], False
-    for line in PATCH.read_text().splitlines():
-        if line.startswith("+++ "):
-            inside = line == f"+++ b/{MODULE}"
-            continue
-        if inside and line.startswith("--- "):
-            break
-        if inside and line.startswith("+"):
-            lines.append(line[1:])
-    assert lines, f"{MODULE} not found in {PATCH.name}"
-    path = Path(tempfile.mkdtemp()) / "ple_mmap.py"
-    path.write_text("\n".join(lines) + "\n")
-    spec = importlib.util.spec_from_file_location("ple_mmap", path)
+    """ple_mmap.py of the tree under test, imported from its file in that tree."""
+    path = vllm_package_dir() / MODULE
+    if not path.is_file():
+        raise ModuleNotFoundError(f"{path} does not exist (a tree without {PATCH})")
+    spec = importlib.util.spec_from_file_location("vllm_tree_ple_mmap", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -69,8 +70,10 @@ def write_table(directory: Path) -> tuple[Path, torch.Tensor]:
     return path, rows
 
 
-def test_module_in_the_patch_gathers_on_cpu(tmp_path: Path) -> None:
+@proves
+def test_module_in_the_tree_gathers_on_cpu(tmp_path: Path) -> None:
     mod = load_ple_mmap()
+    assert Path(mod.__file__).is_relative_to(vllm_package_dir())
     path, rows = write_table(tmp_path)
     table, _mapping = mod.open_mapped_table(str(path), ROWS, DIM, torch.bfloat16)
     gather = mod.HostRowGather(table, 512 * HEADS, torch.device("cpu"))
@@ -79,6 +82,7 @@ def test_module_in_the_patch_gathers_on_cpu(tmp_path: Path) -> None:
         assert torch.equal(gather.rows(gather.gather(ids)), rows[ids.view(-1)])
 
 
+@proves
 @needs_cuda
 def test_gather_fills_the_device_buffer_with_the_rows(tmp_path: Path) -> None:
     mod = load_ple_mmap()
@@ -95,6 +99,7 @@ def test_gather_fills_the_device_buffer_with_the_rows(tmp_path: Path) -> None:
     assert gather.device_rows.data_ptr() == address
 
 
+@proves
 @needs_cuda
 def test_full_graph_replay_reads_each_steps_rows(tmp_path: Path) -> None:
     """A captured graph reads the fixed buffer; gathers between replays change what it sees."""
@@ -126,6 +131,7 @@ def test_full_graph_replay_reads_each_steps_rows(tmp_path: Path) -> None:
         assert torch.equal(out, want), f"step {step}: replay saw stale rows"
 
 
+@proves
 @needs_cuda
 def test_pinned_staging_is_released_with_the_gather(tmp_path: Path) -> None:
     """The allocator reuses freed staging memory; a second registration must not fail."""
@@ -178,7 +184,7 @@ if __name__ == "__main__":
         sys.exit("needs a CUDA GPU")
     with tempfile.TemporaryDirectory() as d:
         for test in (
-            test_module_in_the_patch_gathers_on_cpu,
+            test_module_in_the_tree_gathers_on_cpu,
             test_gather_fills_the_device_buffer_with_the_rows,
             test_full_graph_replay_reads_each_steps_rows,
             test_pinned_staging_is_released_with_the_gather,
@@ -188,6 +194,7 @@ if __name__ == "__main__":
             test(sub)
             print(f"PASS {test.__name__}")
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print(f"module: {vllm_package_dir() / MODULE}")
         for key, value in gather_timings(Path(d)).items():
             print(f"{key}: {value:.3f}")
     os._exit(0)

@@ -263,14 +263,54 @@ def test_model_state_gathers_for_the_models_ple_layer(ple: PleTable, dist) -> No
 
 
 @pytest.mark.proves(PATCH_GATHER)
-def test_forward_without_prepared_rows_is_refused(ple: PleTable, dist) -> None:
+def test_forward_path_does_no_host_gather(
+    ple: PleTable, dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the model's forward does with the PLE layer of the real model: start
+    its prefetch while the layer before runs (Qwen4ExpModel._start_layer_ple_prefetch),
+    then compute the layer's embedding. With 0013 that gathers nothing on the host:
+    the rows come from prepare_host_rows (Qwen4ExpModelState.prepare_inputs, before
+    forward), and a forward without them is refused. 0012 alone gathers in the
+    prefetch hook, inside forward (and outside any captured graph)."""
     import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.models.qwen4_exp.common import ple_mmap
+    from vllm.models.qwen4_exp.nvidia.model import (
+        Qwen4ExpForConditionalGeneration,
+        Qwen4ExpModel,
+    )
 
-    mapped = _ngram_embedding(_config(ple, mmap_path=str(ple.table_path)))
+    config = _config(ple, mmap_path=str(ple.table_path))
+    with set_current_vllm_config(config), torch.device("cpu"):
+        model = Qwen4ExpForConditionalGeneration(vllm_config=config, prefix="")
+    layer = model.language_model.model.layers[1]
+    embedding = layer.ple.ple_embedding
+    gathers: list[int] = []
+    real_gather = ple_mmap.HostRowGather.gather
+
+    def counting_gather(self, ids):
+        gathers.append(ids.numel())
+        return real_gather(self, ids)
+
+    monkeypatch.setattr(ple_mmap.HostRowGather, "gather", counting_gather)
     input_ids, qsl, context = _batch(0)
     hidden = torch.zeros(input_ids.shape[0], 8, dtype=torch.bfloat16)
+
+    def forward():
+        Qwen4ExpModel._start_layer_ple_prefetch(layer, input_ids, qsl, context)
+        return embedding(hidden, input_ids, qsl, context)
+
     with pytest.raises(RuntimeError, match=r"were not prepared .*prepare_inputs before forward"):
-        mapped(hidden, input_ids, qsl, context)
+        forward()
+    assert gathers == [], "the forward path gathered rows on the host"
+
+    embedding.prepare_host_rows(input_ids, qsl, context)  # what prepare_inputs calls
+    assert gathers == [input_ids.shape[0] * ple.heads]
+    rows = forward()
+    assert gathers == [input_ids.shape[0] * ple.heads], "forward gathered again"
+    ids = embedding.compute_ngram_ids(input_ids, qsl, context)
+    want = torch.cat(ple.shards)[ids.reshape(-1)].view(input_ids.shape[0], -1)
+    assert torch.equal(rows, want)
 
 
 @pytest.mark.proves(PATCH)

@@ -1,8 +1,16 @@
-"""The real series: consistent with its files, manifest, README and proofs."""
+"""The real series: consistent with its files, manifest, README and proofs.
+
+test_text_prerequisites_are_declared applies the series to copies of the
+stock vLLM 0.33.0 files it touches, read from the pinned env's pristine tree
+(FLASHNEXT_VLLM_ENV/stock, which checks/patches/run and checks/run set).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import sys
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
@@ -16,7 +24,8 @@ README = REPO / "patches" / "README.md"
 # DEP-3 fields every header carries (Forwarded always: a missing one reads "yes").
 REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
 # The one dialect of this series: these fields, in this order (Depends only
-# where a patch needs others at run time), then a line "---".
+# where a patch needs others at run time, Applies-After only where its hunks
+# need the text of patches Depends does not name), then a line "---".
 DIALECT = (
     "Description",
     "Author",
@@ -26,8 +35,10 @@ DIALECT = (
     "Last-Update",
     "Spec-Row",
     "Depends",
+    "Applies-After",
     "Proof",
 )
+OPTIONAL_FIELDS = ("Depends", "Applies-After")
 
 
 def _load_apply():
@@ -76,7 +87,7 @@ def test_patch_header_is_dep3(name: str) -> None:
 def test_patch_header_is_the_series_dialect(name: str) -> None:
     lines = header(name)
     fields = [m.group(1) for ln in lines if (m := re.match(r"^([A-Z][A-Za-z-]*): ", ln))]
-    want = [f for f in DIALECT if f != "Depends" or "Depends" in fields]
+    want = [f for f in DIALECT if f not in OPTIONAL_FIELDS or f in fields]
     assert fields == want, f"header fields {fields}, the series dialect is {want}"
     assert lines[-1] == "---", "end the header with a line '---'"
     author = next(ln for ln in lines if ln.startswith("Author: "))
@@ -93,6 +104,89 @@ def test_prerequisites_come_first_in_the_series() -> None:
         "0020-qsa-offload-block-size.patch",
         "0021-qsa-offload-kernels.patch",
     }
+
+
+def _stock_site() -> Path:
+    """The pinned env's pristine site dir (ENV/stock holds vllm/)."""
+    env = os.environ.get("FLASHNEXT_VLLM_ENV")
+    if not env:
+        pytest.fail(
+            "needs the pristine vLLM 0.33.0 tree: set FLASHNEXT_VLLM_ENV to the env"
+            " pins/build-env prints (checks/patches/run and checks/run do)",
+            pytrace=False,
+        )
+    return Path(env) / "stock"
+
+
+def _prerequisites(patches) -> dict[str, set[str]]:
+    """Every patch's prerequisites by its headers (Depends and Applies-After), transitively."""
+    direct = {p.name: set(p.depends) | set(p.applies_after) for p in patches}
+    closure: dict[str, set[str]] = {}
+    for name in NAMES:  # series order: prerequisites come first (apply.load checks it)
+        closure[name] = set(direct[name])
+        for dep in direct[name]:
+            closure[name] |= closure[dep]
+    return closure
+
+
+def _fails_to_apply(stock: Path, patches, scratch: Path) -> list[str]:
+    """Apply patches in order to copies of the stock files; the names that did not apply.
+
+    A patch that does not apply cleanly is left out (GNU patch --dry-run first,
+    with patches/apply's own flags), and the rest go on without it.
+    """
+    shutil.rmtree(scratch, ignore_errors=True)
+    for rel in sorted({rel for p in patches for rel in p.modifies}):
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(stock / rel, scratch / rel)
+    patch_bin = apply.find_patch_bin()
+    failed = []
+    for patch in patches:
+        check = apply.patch_command(patch_bin, scratch, patch.path, dry_run=True)
+        if subprocess.run(check, capture_output=True, check=False).returncode != 0:
+            failed.append(patch.name)
+            continue
+        command = apply.patch_command(patch_bin, scratch, patch.path)
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return failed
+
+
+def test_text_prerequisites_are_declared(tmp_path: Path) -> None:
+    """Leave each patch out in turn: what then fails to apply must need it by its headers.
+
+    patches/apply refuses a series that lists a patch without its Depends and
+    Applies-After entries before it. For that to stand for "every listed
+    patch applies", each patch whose hunks fail without patch P must name P,
+    or a prerequisite that needs P (Depends or Applies-After, transitively).
+    And an Applies-After entry must be real: without P, the patch fails.
+    """
+    _, patches = apply.load(SERIES)
+    stock = _stock_site()
+    hashes = apply.read_manifest(SERIES.parent / apply.MANIFEST_NAME)
+    touched = sorted({rel for p in patches for rel in p.modifies})
+    changed = [rel for rel in touched if apply.sha256_file(stock / rel) != hashes[rel]]
+    assert changed == [], f"{stock} is not the pristine tree"
+    scratch = tmp_path / "tree"
+    assert _fails_to_apply(stock, patches, scratch) == [], "the full series does not apply"
+    needs = _prerequisites(patches)
+
+    problems = []
+    for left_out in patches:
+        rest = [p for p in patches if p is not left_out]
+        failed = _fails_to_apply(stock, rest, scratch)
+        for name in failed:
+            if left_out.name not in needs[name]:
+                problems.append(
+                    f"{name} does not apply without {left_out.name}, and its headers do not"
+                    f" say so: add Applies-After: {left_out.name}"
+                )
+        for patch in rest:
+            if left_out.name in patch.applies_after and patch.name not in failed:
+                problems.append(
+                    f"{patch.name} applies without {left_out.name}: drop it from Applies-After"
+                )
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("name", NAMES)
