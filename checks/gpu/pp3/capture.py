@@ -205,6 +205,215 @@ def install_sync(worker, where: str) -> str:
                 pre, post = named(f"layer.{index}.{attr or 'all'}")
                 sub.register_forward_pre_hook(pre)
                 sub.register_forward_hook(post)
+    elif where == "trace":
+        _install_trace(runner)
+    elif where == "trace2":
+        _install_trace2(runner)
+    elif where == "fix_recv":
+        _install_recv_on_main_stream(runner)
+        _install_trace(runner)
+    elif where == "fix_recv_sync":
+        _install_recv_then_sync(runner)
+    elif where == "fix_recv_persistent":
+        _install_recv_persistent(runner)
+    elif where == "fix_send":
+        _install_send_holds_buffers(runner)
+        _install_trace(runner)
     else:
         raise ValueError(f"unknown sync probe {where!r}")
     return where
+
+
+def _install_trace(runner) -> None:
+    """Log each step's request bookkeeping on this rank, read after a sync:
+    the GPU's num_computed_tokens / total_len next to the CPU mirror, and each
+    consumed PP receive slot."""
+    import torch
+
+    rank = _rank()
+    state = {"step": 0}
+    req = runner.req_states
+    real_execute = runner.execute_model
+
+    def traced_execute(scheduler_output, *args, **kwargs):
+        if not kwargs.get("dummy_run"):
+            torch.cuda.synchronize()
+            state["step"] += 1
+            print(
+                f"pp3 trace rank {rank} step {state['step']}: scheduled "
+                f"{dict(scheduler_output.num_scheduled_tokens)} "
+                f"computed_gpu {req.num_computed_tokens.gpu[:4].tolist()} "
+                f"computed_np {req.num_computed_tokens_np[:4].tolist()} "
+                f"total_len {req.total_len.gpu[:4].tolist()} prefill_len {req.prefill_len.np[:4].tolist()} "
+                f"queue {[None if s is None else s.idx_mapping_np.tolist() for s in runner.pp_handler.queue] if runner.pp_handler else '-'}",
+                flush=True,
+            )
+        return real_execute(scheduler_output, *args, **kwargs)
+
+    runner.execute_model = traced_execute
+    if runner.pp_handler is not None:
+        handler = runner.pp_handler
+        real_get = handler.get_prev_sampled_outputs
+
+        def traced_get():
+            out = real_get()
+            if out is not None:
+                torch.cuda.synchronize()
+                print(
+                    f"pp3 trace rank {rank} consume: idx {out['idx_mapping'].tolist()} "
+                    f"sampled {out['sampled_tokens'].tolist()} num_sampled {out['num_sampled'].tolist()} "
+                    f"num_rejected {out['num_rejected'].tolist()}",
+                    flush=True,
+                )
+            return out
+
+        handler.get_prev_sampled_outputs = traced_get
+
+
+def _install_trace2(runner) -> None:
+    """What the last rank broadcasts and what the others hold right after
+    receiving it (after a sync), beside the consume trace."""
+    import torch
+
+    _install_trace(runner)
+    handler, rank = runner.pp_handler, _rank()
+    if handler is None:
+        return
+    if handler.is_last_rank:
+        real_broadcast = handler.broadcast
+
+        def traced_broadcast(sampled, num_sampled, num_rejected, input_batch):
+            torch.cuda.synchronize()
+            print(f"pp3 trace rank {rank} send: sampled {sampled.tolist()} num_sampled "
+                  f"{num_sampled.tolist()} num_rejected {num_rejected.tolist()}", flush=True)  # fmt: skip
+            return real_broadcast(sampled, num_sampled, num_rejected, input_batch)
+
+        handler.broadcast = traced_broadcast
+    else:
+        real_receive = handler.receive
+
+        def traced_receive(input_batch, recv_drafts):
+            result = real_receive(input_batch, recv_drafts)
+            slot = handler.queue[-1]
+            if slot is not None:
+                torch.cuda.synchronize()
+                print(f"pp3 trace rank {rank} received: sampled {slot.sampled_tokens.tolist()} "
+                      f"num_sampled {slot.num_sampled.tolist()}", flush=True)  # fmt: skip
+            return result
+
+        handler.receive = traced_receive
+
+
+def _install_recv_on_main_stream(runner) -> None:
+    """Candidate fix A: the receive buffers come from the main stream's pool
+    (allocated before the side stream starts), not the side stream's."""
+    import torch
+
+    handler = runner.pp_handler
+    if handler is None or handler.is_last_rank:
+        return
+    real_empty = torch.empty
+
+    def receive(input_batch, recv_drafts):
+        # Allocate under the main stream, then let the real receive run on
+        # the side stream with these buffers handed in through torch.empty.
+        n, width = input_batch.num_reqs, handler._sample_len(input_batch)
+        with torch.cuda.stream(handler.main_stream):
+            buffers = [
+                real_empty(n, width, dtype=torch.int64, device=handler.device),
+                real_empty(2, n, dtype=torch.int32, device=handler.device),
+            ]
+            if recv_drafts:
+                buffers.append(real_empty(n, handler.num_speculative_steps, dtype=torch.int64,
+                                          device=handler.device))  # fmt: skip
+        queue = list(buffers)
+
+        def take(*args, **kwargs):
+            return queue.pop(0) if queue and kwargs.get("device") is not None else real_empty(*args, **kwargs)
+
+        torch.empty = take
+        try:
+            return real_receive(input_batch, recv_drafts)
+        finally:
+            torch.empty = real_empty
+
+    real_receive = handler.receive
+    handler.receive = receive
+
+
+def _install_send_holds_buffers(runner) -> None:
+    """Candidate fix B: the last rank broadcasts copies it made on the main
+    stream and keeps them alive for pp_size + 1 steps."""
+    import collections
+
+    import torch
+
+    handler = runner.pp_handler
+    if handler is None or not handler.is_last_rank:
+        return
+    held = collections.deque(maxlen=8)
+    real_broadcast = handler.broadcast
+
+    def broadcast(sampled, num_sampled, num_rejected, input_batch):
+        copies = (sampled.clone(), num_sampled.clone(), num_rejected.clone())
+        held.append(copies)
+        return real_broadcast(*copies, input_batch)
+
+    handler.broadcast = broadcast
+
+
+def _install_recv_then_sync(runner) -> None:
+    """Candidate fix D (measured to mask the crash as trace2's side effect):
+    the non-last rank's CPU waits for the sampled-token broadcast it just
+    posted, so nothing else is queued while it is in flight."""
+    handler = runner.pp_handler
+    if handler is None or handler.is_last_rank:
+        return
+    real_receive = handler.receive
+
+    def receive(input_batch, recv_drafts):
+        result = real_receive(input_batch, recv_drafts)
+        handler.broadcast_stream.synchronize()
+        return result
+
+    handler.receive = receive
+
+
+def _install_recv_persistent(runner) -> None:
+    """Candidate fix E: each ring slot receives into buffers of its own,
+    allocated once and never freed (the caching allocator never hands a
+    slot's memory to anyone else while the slot waits to be consumed)."""
+    import torch
+
+    handler = runner.pp_handler
+    if handler is None or handler.is_last_rank:
+        return
+    depth = len(handler.queue) + 1
+    max_reqs = runner.max_num_reqs
+    width = handler.max_sample_len
+    pool = [
+        (torch.empty(max_reqs * width, dtype=torch.int64, device=handler.device),
+         torch.empty(2 * max_reqs, dtype=torch.int32, device=handler.device))
+        for _ in range(depth)
+    ]  # fmt: skip
+    state = {"next": 0}
+    real_empty = torch.empty
+    real_receive = handler.receive
+
+    def receive(input_batch, recv_drafts):
+        sampled, combined = pool[state["next"] % depth]
+        state["next"] += 1
+        n, w = input_batch.num_reqs, handler._sample_len(input_batch)
+        # Contiguous views (NCCL takes no strided tensors).
+        handed = [sampled[: n * w].view(n, w), combined[: 2 * n].view(2, n)]
+
+        def take(*args, **kwargs):
+            return handed.pop(0) if handed and kwargs.get("device") is not None else real_empty(*args, **kwargs)
+
+        torch.empty = take
+        try:
+            return real_receive(input_batch, recv_drafts)
+        finally:
+            torch.empty = real_empty
+
+    handler.receive = receive

@@ -43,7 +43,7 @@ ONE_GPU_ENV = {
     "NCCL_IB_DISABLE": "1",
 }
 ERROR_LINE = re.compile(
-    r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError|pp3 sync probe|Error:"
+    r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError|pp3 sync probe|pp3 trace|Error:"
 )
 
 
@@ -63,7 +63,8 @@ class Engine:
 
 def diagnose_engines() -> list[Engine]:
     engines = [Engine(f"pp3-sync-{where}", "patched", 3, sync=where) for where in
-               ("none", "recv", "pre_forward", "post_forward", "sample", "layers")]  # fmt: skip
+               ("none", "recv", "pre_forward", "post_forward", "sample", "layers", "trace", "trace2", "fix_recv", "fix_send",
+                          "fix_recv_sync", "fix_recv_persistent")]  # fmt: skip
     engines.append(Engine("pp3-stock", "stock", 3, table=False, stock_model=True))
     capture_cases = ((100, 1), (3000, 1), (100, 4))
     engines.append(Engine("pp1-ref", "patched", 1, capture=True, cases=capture_cases))
@@ -118,7 +119,7 @@ def launch(engine: Engine, args) -> dict[str, Any]:
     wall = time.monotonic() - started
     record = json.loads(out_path.read_text()) if out_path.exists() else {"run": engine.name, "ok": False}
     errors = [ln for ln in log_path.read_text(errors="replace").splitlines() if ERROR_LINE.search(ln)]
-    record |= {"exit": code, "wall_s": round(wall, 1), "error_lines": errors[:40]}
+    record |= {"exit": code, "wall_s": round(wall, 1), "error_lines": errors[:120]}
     print(f"pp3: {engine.name} exit {code} ok={record.get('ok')} after {wall:.0f} s", flush=True)
     return record
 
@@ -129,7 +130,8 @@ def run_all(engines: list[Engine], args) -> dict[str, dict]:
 
 
 def diagnose(args) -> dict[str, Any]:
-    records = run_all(diagnose_engines(), args)
+    engines = [e for e in diagnose_engines() if not args.only or e.name in args.only]
+    records = run_all(engines, args)
     summary = {
         name: {
             "ok": r.get("ok"),
@@ -144,7 +146,7 @@ def diagnose(args) -> dict[str, Any]:
     ref = args.raw / "pp1-ref.out.json"
     for other in ("pp3-v1",):
         path = args.raw / f"{other}.out.json"
-        if records["pp1-ref"].get("ok") and records[other].get("ok"):
+        if records.get("pp1-ref", {}).get("ok") and records.get(other, {}).get("ok"):
             result = compare_runs(ref, path)
             comparisons.append(result)
             print(render(result), flush=True)
@@ -159,6 +161,7 @@ def main() -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--parallel", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=420)
+    parser.add_argument("--only", nargs="*", help="engine names to run (default: all of the phase)")
     args = parser.parse_args()
     args.raw.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
