@@ -418,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="new (or empty) directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--layers", type=int, default=8, choices=(8, 12), help="decoder layers (12: the PP=3 harness)"
+        "--layers",
+        type=int,
+        default=8,
+        choices=(8, 12),
+        help="decoder layers (12: the PP=3 harness)",
     )
     args = parser.parse_args(argv)
     try:

@@ -91,7 +91,12 @@ def install_capture(worker) -> dict[str, Any]:
         layer = model.layers[index]
         hooks.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
         hooks.append(layer.register_forward_hook(layer_post(index), with_kwargs=True))
-        for attr, tag in (("linear_attn", "gdn"), ("self_attn", "qsa"), ("mlp", "moe"), ("ple", "ple")):
+        for attr, tag in (
+            ("linear_attn", "gdn"),
+            ("self_attn", "qsa"),
+            ("mlp", "moe"),
+            ("ple", "ple"),
+        ):
             sub = getattr(layer, attr, None)
             if sub is not None:
                 hooks.append(sub.register_forward_hook(part(f"layer.{index}.{tag}")))
@@ -184,7 +189,9 @@ def install_sync(worker, where: str) -> str:
                 try:
                     _sync()
                 except Exception as exc:
-                    print(f"pp3 sync probe: error before {name} on rank {_rank()}: {exc}", flush=True)
+                    print(
+                        f"pp3 sync probe: error before {name} on rank {_rank()}: {exc}", flush=True
+                    )
                     raise
 
             def post(m, a, o):
@@ -214,6 +221,8 @@ def install_sync(worker, where: str) -> str:
         _install_trace(runner)
     elif where == "fix_recv_sync":
         _install_recv_then_sync(runner)
+    elif where == "send_sync":
+        _install_send_after_sync(runner)
     elif where == "fix_recv_persistent":
         _install_recv_persistent(runner)
     elif where == "fix_send":
@@ -222,6 +231,13 @@ def install_sync(worker, where: str) -> str:
     else:
         raise ValueError(f"unknown sync probe {where!r}")
     return where
+
+
+def _queue(runner) -> object:
+    """The PP receive ring as request indices per slot (None: nothing pending)."""
+    if runner.pp_handler is None:
+        return "-"
+    return [None if s is None else s.idx_mapping_np.tolist() for s in runner.pp_handler.queue]
 
 
 def _install_trace(runner) -> None:
@@ -244,8 +260,8 @@ def _install_trace(runner) -> None:
                 f"{dict(scheduler_output.num_scheduled_tokens)} "
                 f"computed_gpu {req.num_computed_tokens.gpu[:4].tolist()} "
                 f"computed_np {req.num_computed_tokens_np[:4].tolist()} "
-                f"total_len {req.total_len.gpu[:4].tolist()} prefill_len {req.prefill_len.np[:4].tolist()} "
-                f"queue {[None if s is None else s.idx_mapping_np.tolist() for s in runner.pp_handler.queue] if runner.pp_handler else '-'}",
+                f"total_len {req.total_len.gpu[:4].tolist()} "
+                f"prefill_len {req.prefill_len.np[:4].tolist()} queue {_queue(runner)}",
                 flush=True,
             )
         return real_execute(scheduler_output, *args, **kwargs)
@@ -261,7 +277,8 @@ def _install_trace(runner) -> None:
                 torch.cuda.synchronize()
                 print(
                     f"pp3 trace rank {rank} consume: idx {out['idx_mapping'].tolist()} "
-                    f"sampled {out['sampled_tokens'].tolist()} num_sampled {out['num_sampled'].tolist()} "
+                    f"sampled {out['sampled_tokens'].tolist()} "
+                    f"num_sampled {out['num_sampled'].tolist()} "
                     f"num_rejected {out['num_rejected'].tolist()}",
                     flush=True,
                 )
@@ -284,8 +301,11 @@ def _install_trace2(runner) -> None:
 
         def traced_broadcast(sampled, num_sampled, num_rejected, input_batch):
             torch.cuda.synchronize()
-            print(f"pp3 trace rank {rank} send: sampled {sampled.tolist()} num_sampled "
-                  f"{num_sampled.tolist()} num_rejected {num_rejected.tolist()}", flush=True)  # fmt: skip
+            print(
+                f"pp3 trace rank {rank} send: sampled {sampled.tolist()} "
+                f"num_sampled {num_sampled.tolist()} num_rejected {num_rejected.tolist()}",
+                flush=True,
+            )
             return real_broadcast(sampled, num_sampled, num_rejected, input_batch)
 
         handler.broadcast = traced_broadcast
@@ -297,8 +317,11 @@ def _install_trace2(runner) -> None:
             slot = handler.queue[-1]
             if slot is not None:
                 torch.cuda.synchronize()
-                print(f"pp3 trace rank {rank} received: sampled {slot.sampled_tokens.tolist()} "
-                      f"num_sampled {slot.num_sampled.tolist()}", flush=True)  # fmt: skip
+                print(
+                    f"pp3 trace rank {rank} received: sampled {slot.sampled_tokens.tolist()} "
+                    f"num_sampled {slot.num_sampled.tolist()}",
+                    flush=True,
+                )
             return result
 
         handler.receive = traced_receive
@@ -329,7 +352,11 @@ def _install_recv_on_main_stream(runner) -> None:
         queue = list(buffers)
 
         def take(*args, **kwargs):
-            return queue.pop(0) if queue and kwargs.get("device") is not None else real_empty(*args, **kwargs)
+            return (
+                queue.pop(0)
+                if queue and kwargs.get("device") is not None
+                else real_empty(*args, **kwargs)
+            )
 
         torch.empty = take
         try:
@@ -345,8 +372,6 @@ def _install_send_holds_buffers(runner) -> None:
     """Candidate fix B: the last rank broadcasts copies it made on the main
     stream and keeps them alive for pp_size + 1 steps."""
     import collections
-
-    import torch
 
     handler = runner.pp_handler
     if handler is None or not handler.is_last_rank:
@@ -408,7 +433,11 @@ def _install_recv_persistent(runner) -> None:
         handed = [sampled[: n * w].view(n, w), combined[: 2 * n].view(2, n)]
 
         def take(*args, **kwargs):
-            return handed.pop(0) if handed and kwargs.get("device") is not None else real_empty(*args, **kwargs)
+            return (
+                handed.pop(0)
+                if handed and kwargs.get("device") is not None
+                else real_empty(*args, **kwargs)
+            )
 
         torch.empty = take
         try:
@@ -417,3 +446,20 @@ def _install_recv_persistent(runner) -> None:
             torch.empty = real_empty
 
     handler.receive = receive
+
+
+def _install_send_after_sync(runner) -> None:
+    """Probe: the last rank waits for its GPU before it broadcasts the
+    sampled tokens (the sender half of trace2's two waits)."""
+    import torch
+
+    handler = runner.pp_handler
+    if handler is None or not handler.is_last_rank:
+        return
+    real_broadcast = handler.broadcast
+
+    def broadcast(*args, **kwargs):
+        torch.cuda.synchronize()
+        return real_broadcast(*args, **kwargs)
+
+    handler.broadcast = broadcast

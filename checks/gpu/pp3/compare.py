@@ -81,7 +81,10 @@ def compare_runs(ref: Path, other: Path) -> dict[str, Any]:
         if case not in rb.get("cases", {}):
             continue
         ca, cb = load_case(ref, case), load_case(other, case)
-        points = {name: compare_point(ca[name], cb[name]) for name in sorted(set(ca) & set(cb), key=_order)}
+        points = {
+            name: compare_point(ca[name], cb[name])
+            for name in sorted(set(ca) & set(cb), key=_order)
+        }
         cases[case] = {
             "ids_equal": ra["cases"][case]["output_ids"] == rb["cases"][case]["output_ids"],
             "points": points,

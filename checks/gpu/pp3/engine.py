@@ -99,14 +99,22 @@ def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0,
             "output_ids": [list(o.outputs[0].token_ids) for o in outputs],
             "output_logprobs": [
-                [max(step.values(), key=lambda lp: lp.logprob).logprob for step in o.outputs[0].logprobs]
+                [
+                    max(step.values(), key=lambda lp: lp.logprob).logprob
+                    for step in o.outputs[0].logprobs
+                ]
                 for o in outputs
             ],
         }
         if spec.get("capture"):
-            entry["capture"] = llm.collective_rpc(capture.dump, args=(str(out.with_suffix(f".{case}")),))
+            entry["capture"] = llm.collective_rpc(
+                capture.dump, args=(str(out.with_suffix(f".{case}")),)
+            )
         result["cases"][case] = entry
-        print(f"{spec['run']} {case}: {entry['output_ids'][0][:8]} ({entry['seconds']:.1f} s)", flush=True)
+        print(
+            f"{spec['run']} {case}: {entry['output_ids'][0][:8]} ({entry['seconds']:.1f} s)",
+            flush=True,
+        )
     if spec.get("speculative_config"):
         sys.path.insert(0, str(HERE.parent))
         from in_vllm_worker import spec_decode_counts

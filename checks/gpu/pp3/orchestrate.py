@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -43,7 +44,8 @@ ONE_GPU_ENV = {
     "NCCL_IB_DISABLE": "1",
 }
 ERROR_LINE = re.compile(
-    r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError|pp3 sync probe|pp3 trace|Error:"
+    r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
+    r"|pp3 sync probe|pp3 trace|Error:"
 )
 
 
@@ -61,16 +63,27 @@ class Engine:
     stock_model: bool = False  # the PLE-off, dummy-weight copy stock can load at PP>1
 
 
+# capture.install_sync's probes: where a sync goes, what is traced, candidate fixes.
+SYNC_PROBES = (
+    "none", "recv", "pre_forward", "post_forward", "sample", "layers", "trace", "trace2",
+    "fix_recv", "fix_send", "fix_recv_sync", "fix_recv_persistent", "send_sync",
+)  # fmt: skip
+
+
 def diagnose_engines() -> list[Engine]:
-    engines = [Engine(f"pp3-sync-{where}", "patched", 3, sync=where) for where in
-               ("none", "recv", "pre_forward", "post_forward", "sample", "layers", "trace", "trace2", "fix_recv", "fix_send",
-                          "fix_recv_sync", "fix_recv_persistent")]  # fmt: skip
+    engines = [Engine(f"pp3-sync-{where}", "patched", 3, sync=where) for where in SYNC_PROBES]
     engines.append(Engine("pp3-stock", "stock", 3, table=False, stock_model=True))
     capture_cases = ((100, 1), (3000, 1), (100, 4))
     engines.append(Engine("pp1-ref", "patched", 1, capture=True, cases=capture_cases))
     engines.append(
-        Engine("pp3-v1", "patched", 3, capture=True, cases=capture_cases,
-               env={"VLLM_USE_V2_MODEL_RUNNER": "0"})  # fmt: skip
+        Engine(
+            "pp3-v1",
+            "patched",
+            3,
+            capture=True,
+            cases=capture_cases,
+            env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+        )  # fmt: skip
     )
     return engines
 
@@ -96,7 +109,9 @@ def spec_for(engine: Engine, args) -> dict[str, Any]:
 def launch(engine: Engine, args) -> dict[str, Any]:
     spec = spec_for(engine, args)
     raw = args.raw
-    spec_path, out_path, log_path = (raw / f"{engine.name}{s}" for s in (".spec.json", ".out.json", ".log"))
+    spec_path, out_path, log_path = (
+        raw / f"{engine.name}{s}" for s in (".spec.json", ".out.json", ".log")
+    )
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     pythonpath = f"{HERE / 'onegpu'}:" if engine.pp > 1 else ""
@@ -107,8 +122,13 @@ def launch(engine: Engine, args) -> dict[str, Any]:
     started = time.monotonic()
     with log_path.open("w") as log:
         # Its own session: the engine's workers go with it, however it ends.
-        proc = subprocess.Popen(["bash", "-c", command], env={**os.environ, **spec["env"]},
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            env={**os.environ, **spec["env"]},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code: Any = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -117,8 +137,12 @@ def launch(engine: Engine, args) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     wall = time.monotonic() - started
-    record = json.loads(out_path.read_text()) if out_path.exists() else {"run": engine.name, "ok": False}
-    errors = [ln for ln in log_path.read_text(errors="replace").splitlines() if ERROR_LINE.search(ln)]
+    record = (
+        json.loads(out_path.read_text()) if out_path.exists() else {"run": engine.name, "ok": False}
+    )
+    errors = [
+        ln for ln in log_path.read_text(errors="replace").splitlines() if ERROR_LINE.search(ln)
+    ]
     record |= {"exit": code, "wall_s": round(wall, 1), "error_lines": errors[:120]}
     print(f"pp3: {engine.name} exit {code} ok={record.get('ok')} after {wall:.0f} s", flush=True)
     return record
@@ -126,11 +150,18 @@ def launch(engine: Engine, args) -> dict[str, Any]:
 
 def run_all(engines: list[Engine], args) -> dict[str, dict]:
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        return dict(zip((e.name for e in engines), pool.map(lambda e: launch(e, args), engines), strict=True))
+        return dict(
+            zip(
+                (e.name for e in engines), pool.map(lambda e: launch(e, args), engines), strict=True
+            )
+        )
 
 
 def diagnose(args) -> dict[str, Any]:
     engines = [e for e in diagnose_engines() if not args.only or e.name in args.only]
+    if args.cases:
+        cases = tuple(tuple(int(x) for x in c.split("x")) for c in args.cases)
+        engines = [dataclasses.replace(e, cases=cases) for e in engines]
     records = run_all(engines, args)
     summary = {
         name: {
@@ -162,6 +193,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=420)
     parser.add_argument("--only", nargs="*", help="engine names to run (default: all of the phase)")
+    parser.add_argument("--cases", nargs="*", help="TOKENSxBATCH cases instead of each engine's")
     args = parser.parse_args()
     args.raw.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
