@@ -29,6 +29,11 @@ TEXT_CONFIG: dict[str, Any] = {
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 32,
+    # As shipped (skeleton/configs.py) and as qsa_sizing assumes: fp32 SSM state.
+    # Without it vLLM's "auto" follows the host CPU: the CPU platform forces
+    # float32 only where torch reports AVX512-BF16, else the state is bf16 and
+    # the GDN page (and every QSA block size derived from it) halves.
+    "mamba_ssm_dtype": "float32",
     "num_experts": 8,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
