@@ -37,7 +37,7 @@ def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         "max_num_batched_tokens": 512,
         "enable_prefix_caching": False,
         "kv_cache_memory_bytes": spec.get("kv_cache_memory_bytes", 256 << 20),
-        "gpu_memory_utilization": spec.get("gpu_memory_utilization", 0.08),
+        "gpu_memory_utilization": spec.get("gpu_memory_utilization", 0.1),
         "additional_config": {"gdn_prefill_backend": "triton"},
     }
     if spec["graphs"] == "eager":
