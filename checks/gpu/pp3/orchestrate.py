@@ -72,6 +72,15 @@ SYNC_PROBES = (
 
 def diagnose_engines() -> list[Engine]:
     engines = [Engine(f"pp3-sync-{where}", "patched", 3, sync=where) for where in SYNC_PROBES]
+    # Is it memory reuse? Without the caching allocator nothing is reused early;
+    # with NCCL recording its streams (instead of stashing tensors until wait()),
+    # a buffer NCCL still touches is never handed out again.
+    engines.append(
+        Engine("pp3-env-nocache", "patched", 3, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    )
+    engines.append(
+        Engine("pp3-env-recordstreams", "patched", 3, env={"TORCH_NCCL_AVOID_RECORD_STREAMS": "0"})
+    )
     engines.append(Engine("pp3-stock", "stock", 3, table=False, stock_model=True))
     capture_cases = ((100, 1), (3000, 1), (100, 4))
     engines.append(Engine("pp1-ref", "patched", 1, capture=True, cases=capture_cases))
