@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.machinery
+import importlib.util
 import io
+import json
+import os
 import re
 import shlex
 import shutil
@@ -228,3 +232,78 @@ def test_a_wheel_with_another_hash_stops_the_build(product_base, context):
     rc, out = build(context, product_base)
     assert rc != 0
     assert "DO NOT MATCH THE HASHES" in out, out[-2000:]
+
+
+# ------------------------------------------- containers/check-image on real images
+
+
+def checkout_stamp() -> dict:
+    """The stamp patches/apply writes for this checkout's series (its own code)."""
+    loader = importlib.machinery.SourceFileLoader("patches_apply", str(REPO / "patches" / "apply"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # its dataclasses look themselves up there
+    loader.exec_module(module)
+    version, patches = module.load(SERIES)
+    return module.stamp_payload(version, SERIES, patches)
+
+
+def image_with_stamp(base: str, stamp: dict, tmp_path: Path) -> str:
+    """`base` + a vllm package holding `stamp` + the labels containers/build sets."""
+    ctx = tmp_path / f"stamped-{len(stamp['patches'])}"
+    (ctx / "vllm").mkdir(parents=True)
+    (ctx / "vllm" / "__init__.py").write_text("")
+    (ctx / "vllm" / "_flashnext_patches.json").write_text(json.dumps(stamp))
+    args = build_args(dry_run())
+    (ctx / "Containerfile").write_text(
+        f"FROM {base}\nCOPY vllm /tmp/vllm\n"
+        "RUN cp -r /tmp/vllm \"$(python3 -c 'import sysconfig; "
+        'print(sysconfig.get_paths()["purelib"])\')"\n'
+        f"LABEL io.flashnext.vllm.version={args['VLLM_VERSION']} "
+        f"io.flashnext.series.sha256={args['SERIES_SHA256']} "
+        f"io.flashnext.lock.sha256={args['LOCK_SHA256']} io.flashnext.lock.file={args['LOCK']}\n"
+    )
+    ref = (
+        f"localhost/flashnext-stamped:{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]}"
+    )
+    podman("build", "--isolation", "chroot", "--tag", ref, str(ctx))
+    return ref
+
+
+def check_image(ref: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    conf = tmp_path / "containers.conf"  # the host-safe ulimits podman_cli.RUN_FLAGS passes
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n')
+    env = {**os.environ, "PODMAN_FLAGS": shlex.join(GLOBAL_FLAGS), "CONTAINERS_CONF": str(conf)}
+    return subprocess.run(
+        [CONTAINERS / "check-image", ref], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_check_image_accepts_this_checkouts_stamp_and_names_a_stale_one(test_image, tmp_path):
+    stamp = checkout_stamp()
+    ref = image_with_stamp(test_image, stamp, tmp_path)
+    try:
+        proc = check_image(ref, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert f"({len(stamp['patches'])} patches), labels: as this checkout" in proc.stdout
+    finally:
+        podman("rmi", "--force", ref, check=False)
+
+    stale = dict(stamp, patches=stamp["patches"][:-1])  # an image built before the last patch
+    ref = image_with_stamp(test_image, stale, tmp_path)
+    try:
+        proc = check_image(ref, tmp_path)
+        assert proc.returncode == 1
+        assert (
+            "stamp patches" in proc.stderr and "differ from this checkout's series" in proc.stderr
+        )
+        assert "rebuild the image from this checkout: containers/build" in proc.stderr
+    finally:
+        podman("rmi", "--force", ref, check=False)
+
+
+def test_check_image_refuses_an_image_without_a_patched_vllm(test_image, tmp_path):
+    proc = check_image(test_image, tmp_path)
+    assert proc.returncode == 1
+    assert "cannot read the patch stamp: no vllm package in the image" in proc.stderr
+    assert "label io.flashnext.series.sha256 is None" in proc.stderr
