@@ -12,8 +12,9 @@ as nix/image.nix passes it to dockerTools, for where no image can be built
 (the Nix sandbox check). Durations there are nanoseconds.
 
 --kind nix (default): the environment must be exactly `nix_image_env`.
---kind containerfile: the environment must hold `env` (the base image's own
-variables come with it).
+--kind debian (containers/Containerfile): exactly `debian_image_env`.
+--kind containerfile (containers/vllm-openai.Containerfile): the environment
+must hold `env` (the base image's own variables come with it).
 
 The contract is the JSON block between the README's
 `<!-- image-contract:begin -->` and `<!-- image-contract:end -->` markers.
@@ -36,6 +37,13 @@ BLOCK_RE = re.compile(
 )
 DURATION_RE = re.compile(r"(\d+)(ns|us|ms|s|m|h)")
 NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+# Kinds whose whole environment the contract fixes, and the contract key that does.
+EXACT_ENV = {"nix": "nix_image_env", "debian": "debian_image_env"}
+IMAGE_SOURCE = {
+    "nix": "nix/image.nix",
+    "debian": "containers/Containerfile",
+    "containerfile": "containers/vllm-openai.Containerfile",
+}
 HEALTH_KEYS = (("interval", "Interval"), ("timeout", "Timeout"), ("start_period", "StartPeriod"))
 
 
@@ -54,7 +62,9 @@ def read_contract(readme: Path) -> dict:
         contract = json.loads(match.group("json"))
     except json.JSONDecodeError as exc:
         raise ContractError(f"{readme}: image contract is not JSON ({exc})") from exc
-    missing = {"entrypoint", "exposed_ports", "healthcheck", "env", "nix_image_env"} - set(contract)
+    missing = {
+        "entrypoint", "exposed_ports", "healthcheck", "env", "nix_image_env", "debian_image_env"
+    } - set(contract)  # fmt: skip
     if missing:
         raise ContractError(f"{readme}: image contract lacks {sorted(missing)}")
     return contract
@@ -102,8 +112,9 @@ def env_of(config: dict) -> dict[str, str]:
 
 def env_differences(contract: dict, config: dict, kind: str) -> list[str]:
     got = env_of(config)
-    want: dict[str, str] = contract["nix_image_env"] if kind == "nix" else contract["env"]
-    names = sorted(set(want) | set(got)) if kind == "nix" else sorted(want)
+    exact = EXACT_ENV.get(kind)
+    want: dict[str, str] = contract[exact] if exact else contract["env"]
+    names = sorted(set(want) | set(got)) if exact else sorted(want)
     return [
         f"Env {name}: image has {got.get(name)!r}, the contract says {want.get(name)!r}"
         for name in names
@@ -140,12 +151,12 @@ def healthcheck_differences(contract: dict, config: dict) -> list[str]:
 
 
 def contract_differences(contract: dict) -> list[str]:
-    """The contract's own consistency: the Nix image sets what every image sets."""
-    nix_env = contract["nix_image_env"]
+    """The contract's own consistency: each image sets what every image sets."""
     return [
-        f"contract: nix_image_env {name} is {nix_env.get(name)!r}, env says {value!r}"
+        f"contract: {key} {name} is {contract[key].get(name)!r}, env says {value!r}"
+        for key in sorted(EXACT_ENV.values())
         for name, value in sorted(contract["env"].items())
-        if nix_env.get(name) != value
+        if contract[key].get(name) != value
     ]
 
 
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--inspect", type=Path, help="`podman image inspect IMAGE` output")
     source.add_argument("--config", type=Path, help="a Docker image config's config object")
-    parser.add_argument("--kind", choices=("nix", "containerfile"), default="nix")
+    parser.add_argument("--kind", choices=("nix", "debian", "containerfile"), default="nix")
     args = parser.parse_args(argv)
     try:
         contract = read_contract(args.readme)
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(f"check-image-config: {line}", file=sys.stderr)
     if problems:
-        image = "nix/image.nix" if args.kind == "nix" else "containers/Containerfile"
+        image = IMAGE_SOURCE[args.kind]
         print(
             f"check-image-config: fix {image} or the 'Image contract' section of "
             f"{args.readme}, whichever is wrong",

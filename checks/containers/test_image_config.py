@@ -3,8 +3,8 @@
 nix/check-image-config.py reads `podman image inspect` output, fed here from
 images podman really built or loaded, not from hand-written config texts:
 
-- containers/Containerfile's config instructions (ENV, HEALTHCHECK, EXPOSE,
-  ENTRYPOINT, CMD; its base image needs registry access) applied with
+- the config instructions (ENV, HEALTHCHECK, EXPOSE, ENTRYPOINT, CMD) of
+  containers/Containerfile and of vllm-openai.Containerfile applied with
   `podman build` on the launcher test image built here, in the format
   containers/build uses, and once as an OCI image (which shows why that
   format is not used: podman drops the healthcheck from it);
@@ -52,16 +52,19 @@ def build_script_format(tmp: Path) -> list[str]:
     shutil.copytree(CONTAINERS, tmp / "containers")
     (tmp / "containers" / "vllm-openai.digest").write_text("sha256:" + "ab" * 32 + "\n")
     out = subprocess.run(
-        [tmp / "containers" / "build", "--dry-run"], capture_output=True, text=True, check=True
-    ).stdout
+        [tmp / "containers" / "build", "--dry-run", "--from", "vllm-openai"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     argv = shlex.split(out)
     return [a for i, a in enumerate(argv) if a == "--format" or argv[i - 1] == "--format"]
 
 
-def build_with_containerfile_config(base: str, fmt: list[str], tag: str, tmp_path: Path) -> bytes:
-    """`podman build` of base + the Containerfile's config; returns `podman image inspect`."""
+def build_with_containerfile_config(
+    base: str, fmt: list[str], tag: str, tmp_path: Path, name: str = "vllm-openai.Containerfile"
+) -> bytes:
+    """`podman build` of base + a Containerfile's config; returns `podman image inspect`."""
     lines = [f"FROM {base}"]
-    for word, rest in containerfile_instructions():
+    for word, rest in containerfile_instructions(name):
         if word in CONFIG_INSTRUCTIONS:
             lines.append(f"{word} {rest}")
     ctx = tmp_path / f"ctx-{tag}"
@@ -87,6 +90,20 @@ def test_containerfile_image_as_built_matches_the_contract(test_image, container
     assert json.loads(inspect)[0]["Healthcheck"]["Test"] == ["CMD", "flashnext-health"]
     proc = check(inspect, "containerfile", tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_debian_containerfile_config_as_built_matches_the_contract(test_image, tmp_path):
+    """The product image's config instructions; its full build: containers/README.md."""
+    inspect = build_with_containerfile_config(
+        test_image, ["--format", "docker"], "debian", tmp_path, "Containerfile"
+    )
+    proc = check(inspect, "debian", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # The test image's own config is not the product's: its PATH lacks the venv.
+    proc = check(podman("image", "inspect", test_image).stdout, "debian", tmp_path)
+    assert proc.returncode == 1
+    assert "Env PATH: image has '/opt/flashnext/bin:" in proc.stderr
+    assert "fix containers/Containerfile" in proc.stderr
 
 
 def test_an_oci_build_loses_the_healthcheck(test_image, tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import runline
+from podman_cli import CACHE
 from test_run_settings import CONTAINERS, run_line_parts
 from testimage import debian_rootfs
 
@@ -29,7 +30,7 @@ QUADLET_OWN = {"--cidfile", "--replace", "--rm", "--cgroups", "--sdnotify"}
 def service() -> str:
     if os.geteuid() != 0:
         pytest.skip("the Quadlet chroot needs root")
-    root = debian_rootfs(QUADLET_SUITE, ("podman",))
+    root = debian_rootfs(QUADLET_SUITE, ("podman",), CACHE)
     units = Path(tempfile.mkdtemp(dir=root / "tmp", prefix="quadlet-"))
     try:
         shutil.copy(CONTAINERS / "flashnext.container", units)

@@ -93,8 +93,8 @@ def test_quadlet_unit_matches_the_run_line():
     assert not any("privileged" in k.lower() or "AddCapability" in k for k in unit)
 
 
-def containerfile_instructions() -> list[tuple[str, str]]:
-    text = (CONTAINERS / "Containerfile").read_text().replace("\\\n", " ")
+def containerfile_instructions(name: str = "Containerfile") -> list[tuple[str, str]]:
+    text = (CONTAINERS / name).read_text().replace("\\\n", " ")
     out = []
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
@@ -103,18 +103,30 @@ def containerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_containerfile_follows_the_contract():
-    instr = containerfile_instructions()
+CONTAINERFILES = {
+    # name: (its FROM, the ENV lines it must have in order)
+    "Containerfile": ("${BASE}", "debian_image_env"),
+    "vllm-openai.Containerfile": (
+        "docker.io/vllm/vllm-openai:v0.33.0@${VLLM_OPENAI_DIGEST}",
+        "env",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTAINERFILES))
+def test_containerfile_follows_the_contract(name):
+    want_from, env_key = CONTAINERFILES[name]
+    instr = containerfile_instructions(name)
     entrypoints = [json.loads(rest) for word, rest in instr if word == "ENTRYPOINT"]
     assert entrypoints == [contract()["entrypoint"]]
     exposed = sorted(f"{rest}/tcp" for word, rest in instr if word == "EXPOSE")
     assert exposed == sorted(contract()["exposed_ports"])
     froms = [rest for word, rest in instr if word == "FROM"]
-    assert froms == ["docker.io/vllm/vllm-openai:v0.33.0@${VLLM_OPENAI_DIGEST}"]
+    assert froms == [want_from]
     runs = " ".join(rest for word, rest in instr if word == "RUN")
     assert "/opt/flashnext/patches/apply" in runs, "the image must apply the same series"
     envs = [rest for word, rest in instr if word == "ENV"]
-    assert envs == [f"{name}={value}" for name, value in contract()["env"].items()]
+    assert envs == [f"{name}={value}" for name, value in contract()[env_key].items()]
     health = [rest for word, rest in instr if word == "HEALTHCHECK"]
     assert len(health) == 1 and '["flashnext-health"]' in health[0]
     # What podman makes of these instructions: test_image_config.py.
@@ -142,21 +154,35 @@ def test_run_line_and_unit_health_settings_are_the_contracts():
 def test_direct_build_with_the_placeholder_fails_at_from(tmp_path):
     """No network needed: the placeholder is not a valid reference, so nothing is pulled."""
     proc = podman(
-        "build", "--isolation", "chroot", "-f", str(CONTAINERS / "Containerfile"), str(REPO),
-        check=False, timeout=120,
+        "build", "--isolation", "chroot", "-f", str(CONTAINERS / "vllm-openai.Containerfile"),
+        str(REPO), check=False, timeout=120,
     )  # fmt: skip
     err = proc.stderr.decode()
     assert proc.returncode != 0
     assert "invalid reference format" in err and "PLACEHOLDER" in proc.stdout.decode() + err
 
 
+def test_direct_build_of_the_debian_image_without_its_base_pulls_nothing(tmp_path):
+    """BASE has no default: a bare `podman build` stops at FROM instead of asking a registry."""
+    proc = podman(
+        "build", "--isolation", "chroot", "-f", str(CONTAINERS / "Containerfile"), str(REPO),
+        check=False, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "STEP 2/" not in out and "Trying to pull" not in out, out
+
+
 def test_build_script_refuses_the_placeholder_digest():
-    proc = subprocess.run([CONTAINERS / "build", "--dry-run"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [CONTAINERS / "build", "--dry-run", "--from", "vllm-openai"], capture_output=True, text=True
+    )
     digest = (CONTAINERS / "vllm-openai.digest").read_text()
     if re.search(r"^sha256:[0-9a-f]{64}$", digest, re.M):
         pytest.skip("a real digest is filled in; the refusal path is covered by the copy test")
     assert proc.returncode == 1
     assert "holds no digest" in proc.stderr and "skopeo inspect" in proc.stderr
+    assert "Or build without any registry: containers/build" in proc.stderr
 
 
 def test_build_script_passes_a_filled_in_digest(tmp_path):
@@ -167,11 +193,13 @@ def test_build_script_passes_a_filled_in_digest(tmp_path):
     digest = "sha256:" + "ab" * 32
     (copy / "containers" / "vllm-openai.digest").write_text(f"# test\n{digest}\n")
     proc = subprocess.run(
-        [copy / "containers" / "build", "--dry-run"], capture_output=True, text=True, check=True
-    )
+        [copy / "containers" / "build", "--dry-run", "--from", "vllm-openai"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
     argv = shlex.split(proc.stdout)
     assert argv[:2] == ["podman", "build"]
     # An OCI-format image has no healthcheck (test_image_config.py shows podman drop it).
     assert argv[2:4] == ["--format", "docker"]
     assert f"VLLM_OPENAI_DIGEST={digest}" in argv
+    assert argv[argv.index("-f") + 1] == str(copy / "containers" / "vllm-openai.Containerfile")
     assert argv[-1] == str(copy)

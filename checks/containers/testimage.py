@@ -1,12 +1,12 @@
 """Build the small image the container tests run: Debian minbase + Python + the launcher.
 
-Not the product image (that is containers/Containerfile on top of vllm-openai,
-or the Nix image): it holds only what `flashnext preflight` needs, so the tests
-can check what the launcher sees inside a container.
+Not the product image (containers/Containerfile, or the Nix image): it holds
+only what `flashnext preflight` needs, so the tests can check what the
+launcher sees inside a container.
 
-- The base root filesystem comes from debootstrap once and is cached under
-  $FLASHNEXT_CACHE/containers (keyed by suite and package list), built in a
-  temp dir and renamed into place, then `podman import`ed.
+- The base root filesystem comes from debootstrap once (containers/debian_base.py,
+  the product image's suite) and is cached under $FLASHNEXT_CACHE/containers
+  (keyed by suite and package list), then `podman import`ed.
 - The launcher layer: wheels built on the host with the suite's Python (pip
   finds the index through its own configuration), installed into a venv in
   the image by `podman build --isolation chroot` from testimage.Containerfile.
@@ -15,8 +15,6 @@ can check what the launcher sees inside a container.
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,57 +24,16 @@ from pathlib import Path
 from podman_cli import CACHE, image_exists, podman
 
 REPO = Path(__file__).resolve().parents[2]
-BASE_SUITE = "bookworm"
+sys.path.insert(0, str(REPO / "containers"))
+from debian_base import SUITE, debian_rootfs  # noqa: E402  (one debootstrap for all images)
+
+BASE_SUITE = SUITE
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 CONTAINERFILE = Path(__file__).with_name("testimage.Containerfile")
 
 
-def host_debian_mirror() -> str | None:
-    """The Debian mirror this host's apt uses (so no mirror is named in our files)."""
-    sources = Path("/etc/apt/sources.list.d/debian.sources")
-    if sources.is_file():
-        for block in sources.read_text().split("\n\n"):
-            uris = re.search(r"^URIs:\s*(\S+)", block, re.M)
-            if uris and "security" not in uris.group(1):
-                return uris.group(1)
-    legacy = Path("/etc/apt/sources.list")
-    if legacy.is_file():
-        for line in legacy.read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[0] == "deb" and "security" not in parts[1]:
-                return parts[1]
-    return None  # debootstrap's own default
-
-
-def debian_rootfs(suite: str, packages: tuple[str, ...]) -> Path:
-    """A debootstrap'd minbase root, cached by suite and packages; built in a temp dir
-    and renamed into place, so a half-built one is never used."""
-    key = hashlib.sha256(f"minbase {suite} {','.join(packages)}".encode()).hexdigest()[:12]
-    out = CACHE / "containers" / f"debian-{suite}-{key}"
-    if out.is_dir():
-        return out
-    if shutil.which("debootstrap") is None:
-        sys.exit("debootstrap is missing: apt-get install -y debootstrap (checks/containers/run)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".debian-{suite}-"))
-    try:
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite]
-        cmd.append(str(tmp / "root"))
-        if mirror := host_debian_mirror():
-            cmd.append(mirror)
-        print(f"testimage: {' '.join(cmd)}", file=sys.stderr)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        # apt lists and caches are not needed to run anything.
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            shutil.rmtree(tmp / "root" / junk, ignore_errors=True)
-        os.rename(tmp / "root", out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
 def base_image() -> str:
-    root = debian_rootfs(BASE_SUITE, BASE_PACKAGES)
+    root = debian_rootfs(BASE_SUITE, BASE_PACKAGES, CACHE)
     ref = f"localhost/flashnext-test-base:{root.name}"
     if not image_exists(ref):
         tar = subprocess.run(

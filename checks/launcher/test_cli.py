@@ -314,3 +314,12 @@ def test_the_root_script_says_how_it_was_invoked(shipped_skeleton, tmp_path):
     assert proc.returncode == 1, proc.stderr
     fix = f"fix model.quant_groups: ./flashnext checkpoint fix --model {shipped_skeleton}"
     assert fix in proc.stdout.splitlines()
+
+
+def test_serve_prints_the_version_and_starts_nothing():
+    """The image's entrypoint is `flashnext serve`, so `podman run IMAGE --version` asks serve."""
+    from flashnext import __version__
+
+    result = invoke("serve", "--version")
+    assert result.exit_code == 0
+    assert result.output == f"flashnext, version {__version__}\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from flashnext import __version__
 from flashnext.cli.root import FlashnextError, main
 from flashnext.cli.settings import PLAN_SETTINGS, options, plan_options
 from flashnext.invocation import invoked_as, name_command
@@ -176,6 +177,8 @@ def plan_cmd(as_json: bool, **kw) -> None:
     help="Seconds to wait for /health (cold starts load 62 GiB).",
 )
 @options("api_key_file")
+# The image's entrypoint is `flashnext serve`: `podman run IMAGE --version` lands here.
+@click.version_option(__version__, prog_name="flashnext")
 def serve(
     as_json: bool,
     vllm_env_dir: str | None,

@@ -1,0 +1,46 @@
+"""pins/wheelhouse: the wheelhouse path pins/build-env uses, filled only when incomplete."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pinkit import lockfile, meta, wheelhouse
+
+PINS_DIR = Path(__file__).resolve().parents[2] / "pins"
+SCRIPT = PINS_DIR / "wheelhouse"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def lock_digest(python: str) -> str:
+    entry = meta.load(PINS_DIR).lock_for(python)
+    pins = lockfile.parse((PINS_DIR / entry.file).read_text(), entry.file)
+    return lockfile.pins_digest(pins)
+
+
+def test_path_is_build_envs_wheelhouse(tmp_path):
+    proc = run("--python-version", "3.11", "--path", "--cache", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(wheelhouse.path_for(tmp_path, lock_digest("3.11")))
+    assert not (tmp_path / "wheelhouse").exists(), "--path must not fill anything"
+
+
+def test_a_complete_wheelhouse_is_printed_without_pip(tmp_path):
+    digest = lock_digest("3.12")
+    found = wheelhouse.path_for(tmp_path, digest)
+    found.mkdir(parents=True)
+    wheelhouse.mark_complete(found, digest)
+    proc = run("--python-version", "3.12", "--cache", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(found)
+
+
+def test_a_python_without_a_lock_is_refused_with_the_fix(tmp_path):
+    proc = run("--python-version", "3.9", "--cache", str(tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("pins/wheelhouse: error: no lock for CPython 3.9")
+    assert "Traceback" not in proc.stderr
