@@ -21,7 +21,7 @@ import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from flashnext import bench  # noqa: E402
+from flashnext.tools import bench  # noqa: E402
 from vllm.entrypoints.openai.completion.protocol import (  # noqa: E402
     CompletionRequest,
     CompletionResponse,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from flashnext.cli import main
-from flashnext.partition import PartitionError, pp_layer_ranges
+from flashnext.plan.partition import PartitionError, pp_layer_ranges
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -5,7 +5,7 @@ config.json with the shipped text shapes (48 layers, [linear x3, full] x 12,
 GDN state 3,207,168 B) and the QSA backend, as the CUDA platform does after
 picking its 16-token default. PP=3 is set on the parallel config directly so
 the stock tree fails on G (block size), not on the PP refusal (patch 0001).
-The launcher's planner arithmetic (flashnext.qsa_sizing) must give the same
+The launcher's planner arithmetic (flashnext.plan.qsa_sizing) must give the same
 numbers: the test imports it from launcher/src.
 """
 
@@ -20,7 +20,7 @@ from tiny_qwen4_exp import engine_args, write_tiny_qwen4_exp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
-from flashnext import qsa_sizing  # noqa: E402
+from flashnext.plan import qsa_sizing  # noqa: E402
 from flashnext.skeleton.configs import full_text_config  # noqa: E402
 
 PATCH = "0020-qsa-offload-block-size.patch"

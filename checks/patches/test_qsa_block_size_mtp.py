@@ -17,7 +17,7 @@ plans them.
   host arena replaced by a CPU stand-in, as in test_qsa_offload_layer.py),
   and the drafter layer's arena is the size the planner pins for it.
 
-The launcher's arithmetic (flashnext.qsa_sizing / plan.host_pools, with
+The launcher's arithmetic (flashnext.plan.qsa_sizing / plan.host_pools, with
 QsaShape.drafter_qsa_layers) must give the same block size, block count,
 tokens and arena bytes.
 """
@@ -39,8 +39,7 @@ from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
-from flashnext import qsa_sizing  # noqa: E402
-from flashnext.plan import host_pools  # noqa: E402
+from flashnext.plan import host_pools, qsa_sizing  # noqa: E402
 
 PATCH = "0032-qsa-offload-block-size-mtp.patch"
 MTP = {"mtp_num_hidden_layers": 1}

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "checks" / "qsa"))
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
-from flashnext import qsa_sizing  # noqa: E402
+from flashnext.plan import qsa_sizing  # noqa: E402
 
 PATCH = "0021-qsa-offload-kernels.patch"
 

@@ -8,7 +8,7 @@ selects), `allocate_kv_cache(device="cpu")` allocates the pool and
 `bind_kv_cache_to_layers` binds it. The arena class is replaced by a CPU
 stand-in with the same interface (cudaHostRegister needs a GPU; the real one
 is proven in checks/gpu). The planner's block count and block size must
-equal flashnext.qsa_sizing's for the same shapes.
+equal flashnext.plan.qsa_sizing's for the same shapes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tiny_qwen4_exp import build_model, engine_args, write_tiny_qwen4_exp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
-from flashnext import qsa_sizing  # noqa: E402
+from flashnext.plan import qsa_sizing  # noqa: E402
 
 PATCH = "0022-qsa-offload-layer.patch"
 KV_MEMORY_BYTES = 2 << 20

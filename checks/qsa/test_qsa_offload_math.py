@@ -241,9 +241,9 @@ def test_prefill_host_loop_allocates_nothing_and_copies_each_chunk_once(
 
 
 def test_launcher_workspace_bytes_match_the_module(offload):
-    """flashnext.qsa_sizing reserves exactly what OffloadWorkspace allocates."""
+    """flashnext.plan.qsa_sizing reserves exactly what OffloadWorkspace allocates."""
     sys.path.insert(0, str(HERE.parents[1] / "launcher" / "src"))
-    from flashnext import qsa_sizing
+    from flashnext.plan import qsa_sizing
 
     tiny = qsa_sizing.QsaShape(
         num_attention_heads=4,
