@@ -85,6 +85,11 @@ _DECLARED = (
             "`pins/build-env` prints (its venv/bin/vllm). Default: `vllm` on PATH, else this "
             "checkout's pinned env (serve builds it if missing).", "FLASHNEXT_VLLM_ENV",
             type=click.Path(file_okay=False)),
+    Setting("--replay-facts-for-testing", "replay_facts_for_testing", "TESTING ONLY: judge "
+            "facts recorded with `flashnext facts --json` instead of this host (e.g. a 3-GPU "
+            "host emulated on one GPU). serve prints a banner and records the file; --facts "
+            "is refused by serve.", "FLASHNEXT_TEST_REPLAY_FACTS",
+            type=click.Path(exists=True, dir_okay=False)),
     Setting("--api-key-file", "api_key_file", "File holding the API key (else VLLM_API_KEY).",
             type=click.Path(exists=True, dir_okay=False)),
 )  # fmt: skip
