@@ -718,12 +718,15 @@ def parse_sampling(pairs: Sequence[str]) -> dict[str, Any]:
 
 def sampling_from_dir(source: Path) -> dict[str, Any]:
     path = source / GENERATION_CONFIG_FILE if source.is_dir() else source
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"--generation-config-from: cannot read {path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CheckpointError(f"--generation-config-from: {path} is not a JSON object")
+        doc = read_json_object(path, "generation config")
+    except JsonFileError as exc:
+        raise CheckpointError(
+            f"--generation-config-from: {exc}; name the published model's directory (or its "
+            "generation_config.json)"
+        ) from None
     keys = {k: doc[k] for k in RESTORABLE_KEYS if k in doc}
     for key, value in keys.items():
         why = None if value is None else sampling_value_error(key, value)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flashnext.facts.config_check import check_text_config
 from flashnext.facts.model_context import model_context
 from flashnext.facts.model_derived import (
     ConfigValueError,
@@ -355,9 +356,7 @@ def _plan(
     options: PlanOptions,
     profile_reason: str,
 ) -> Plan:
-    text = model.text_config
-    if not isinstance(text, dict):
-        raise ConfigValueError(f"text_config is {text!r}, not an object")
+    text = check_text_config(model)  # types, bounds, tensors: before anything is sized
     pp = profile.parallel.pipeline_parallel_size
     num_layers = config_int(text, "num_hidden_layers")
     ranges = pp_layer_ranges(num_layers, pp, options.pp_layer_partition)
