@@ -178,6 +178,7 @@ def plan_cmd(as_json: bool, **kw) -> None:
     default=1800.0,
     show_default=True,
     type=float,
+    callback=lambda ctx, param, value: _seconds(value),
     help="Seconds to wait for /health (cold starts load 62 GiB).",
 )
 @options("api_key_file", "replay_facts_for_testing")
@@ -257,6 +258,17 @@ def serve(
             startup_timeout_s=startup_timeout,
         )
     )
+
+
+MAX_STARTUP_S = 7 * 24 * 3600.0
+
+
+def _seconds(value: float) -> float:
+    """--startup-timeout: finite, positive, at most a week (nan and inf parse as floats)."""
+    if not 0 < value <= MAX_STARTUP_S:  # False for nan too
+        raise click.BadParameter(f"{value}: expected seconds, more than 0 and at most "
+                                 f"{MAX_STARTUP_S:.0f} (a week)")  # fmt: skip
+    return value
 
 
 def _serve_facts(facts_file: str | None, replay: str | None) -> str | None:

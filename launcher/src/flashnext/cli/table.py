@@ -9,7 +9,9 @@ from flashnext.cli.settings import options
 from flashnext.table.file_layout import DEFAULT_LAYOUT, LAYOUTS  # pure arithmetic, no I/O
 from flashnext.units import gib
 
-_HIDDEN_INT = {"type": click.IntRange(min=4096), "hidden": True}
+# Buffer and fsync sizes: the copy buffer is allocated, so it is bounded.
+_CHUNK = {"type": click.IntRange(4096, 1 << 30), "hidden": True}
+_SYNC = {"type": click.IntRange(4096, 1 << 40), "hidden": True}
 
 
 @main.group()
@@ -42,8 +44,8 @@ def table() -> None:
     "(101.73 vs 95.37 GiB). Recorded in OUT.json; serve and verify read it there.",
 )
 @options("as_json")
-@click.option("--chunk-bytes", default=64 << 20, **_HIDDEN_INT)
-@click.option("--sync-bytes", default=1 << 30, **_HIDDEN_INT)
+@click.option("--chunk-bytes", default=64 << 20, **_CHUNK)
+@click.option("--sync-bytes", default=1 << 30, **_SYNC)
 def table_prepare(
     model_dir: str,
     out: str,

@@ -10,15 +10,23 @@ from flashnext.cli.serving import assess_from_settings
 from flashnext.cli.settings import PLAN_SETTINGS, options
 from flashnext.units import gib
 
+# Bounds of bench's numbers: each sizes requests, prompts held in memory or run time.
+MAX_CONCURRENCY = 1024
+MAX_PROMPT_TOKENS = 1 << 24  # a prompt's ids are built in memory: 16M tokens, ~0.5 GB
+MAX_RUNS = 1000
 
-def _csv_ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
-    if any(v < 1 for v in out):
-        raise click.BadParameter(f"{value!r}: every value must be >= 1")
-    return out
+
+def _csv_ints(most: int):
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
+        if any(not 1 <= v <= most for v in out):  # empty: that phase is skipped
+            raise click.BadParameter(f"{value!r}: every value must be 1 to {most}")
+        return out
+
+    return parse
 
 
 def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -26,8 +34,8 @@ def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
         parts = tuple(int(v) for v in value.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 2 or not 0 <= parts[0] < parts[1]:
-        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI")
+    if len(parts) != 2 or not 0 <= parts[0] < parts[1] <= 1 << 31:
+        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI <= 2^31")
     return parts
 
 
@@ -106,42 +114,42 @@ def _writable_dir(path: str | None) -> None:
     "--concurrency",
     default="1,4",
     show_default=True,
-    callback=_csv_ints,
+    callback=_csv_ints(MAX_CONCURRENCY),
     help="Decode concurrencies to measure.",
 )
 @click.option(
     "--decode-tokens",
     default=256,
     show_default=True,
-    type=click.IntRange(2),
+    type=click.IntRange(2, MAX_PROMPT_TOKENS),
     help="Tokens generated per decode request (ignore_eos).",
 )
 @click.option(
     "--prompt-lengths",
     default="4096",
     show_default=True,
-    callback=_csv_ints,
+    callback=_csv_ints(MAX_PROMPT_TOKENS),
     help="Prompt lengths (tokens) for prefill; 247823 is the seed's.",
 )
 @click.option(
     "--prefill-concurrency",
     default=1,
     show_default=True,
-    type=click.IntRange(1),
+    type=click.IntRange(1, MAX_CONCURRENCY),
     help="Prompts prefilled at once (the seed's figure used 4).",
 )
 @click.option(
     "--warmup",
     default=1,
     show_default=True,
-    type=click.IntRange(0),
+    type=click.IntRange(0, MAX_RUNS),
     help="Unmeasured runs before each measurement (graphs, caches, page faults).",
 )
 @click.option(
     "--runs",
     default=3,
     show_default=True,
-    type=click.IntRange(1),
+    type=click.IntRange(1, MAX_RUNS),
     help="Measured runs per measurement; the summary reports their median.",
 )
 @click.option(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,16 +60,20 @@ class VerifyResult:
         return self.mismatch is None and self.padding_ok
 
 
-def sample_rows(layout: TableLayout, samples: int, seed: int) -> list[int]:
+def sample_rows(layout: TableLayout, samples: int, seed: int) -> Iterator[int]:
     """First and last row (the ends catch off-by-one layouts), then random rows.
 
     Asking for at least as many samples as rows compares every row, in order.
+    Streamed, one row at a time: --samples is the user's number, and a list of it
+    (or of the table's 320M rows) would not fit in memory.
     """
     if samples >= layout.rows:
-        return list(range(layout.rows))
+        yield from range(layout.rows)
+        return
     rng = random.Random(seed)
-    ends = [0, layout.rows - 1]
-    return ends[: min(samples, 2)] + [rng.randrange(layout.rows) for _ in range(samples - 2)]
+    yield from (0, layout.rows - 1)[: min(samples, 2)]
+    for _ in range(samples - 2):
+        yield rng.randrange(layout.rows)
 
 
 def _read_manifest(manifest: Path) -> dict:
@@ -173,7 +178,7 @@ def verify_table(
 
 
 def _first_mismatch(
-    fd: int, layout: TableLayout, file_layout: str, rows: list[int]
+    fd: int, layout: TableLayout, file_layout: str, rows: Iterable[int]
 ) -> RowMismatch | None:
     rb = layout.row_bytes
     with ShardReader(layout) as reader:
