@@ -24,6 +24,7 @@ from flashnext.plan.mtp import INT4_FIX
 from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
 from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
+from flashnext.table.path_kind import interrupted_prepare_output, partial_message, rewrite_fix
 from flashnext.table.storage_policy import storage_refusal
 from flashnext.units import gib, size
 
@@ -956,6 +957,10 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
             + ("" if st is None else f", or pass --table {st.path}"),
         )
         return
+    partial = _interrupted_prepare(inp)
+    if partial is not None:
+        yield partial
+        return
     if st is None or not st.exists:
         yield Finding(
             "table.path",
@@ -987,6 +992,27 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
         )
     yield from _table_size(inp, st)
     yield from _table_medium(inp, st)
+
+
+def _interrupted_prepare(inp: PreflightInput) -> Finding | None:
+    """--table names an interrupted prepare's partial copy or journal: say so, and resume
+    (a size or manifest finding's "remove it" would throw the copy away)."""
+    final = interrupted_prepare_output(inp.table_path)
+    if final is None:
+        return None
+    return Finding(
+        "table.path", "fail", "an interrupted prepare's partial", "the finished table",
+        partial_message(inp.table_path, final, inp.model_dir),
+        f"flashnext table prepare --model {inp.model_dir or 'DIR'} --out {final}",
+    )  # fmt: skip
+
+
+def _manifest_sizes_disagree(doc: dict[str, Any], row_bytes: int, total: int) -> str | None:
+    """What verify also checks: the manifest's row_bytes and total_bytes are the shape's."""
+    for key, want in (("row_bytes", row_bytes), ("total_bytes", total)):
+        if doc.get(key) != want:
+            return f"{key} is {doc.get(key)!r}, the checkpoint implies {want}"
+    return None
 
 
 def _same_path(recorded: str, asked: str) -> bool:
@@ -1078,7 +1104,7 @@ def _table_manifest(inp: PreflightInput, st: StorageFacts, fits: list[str]) -> I
             f"{name}: unreadable" if m.error else f"{name}: layout {layout!r}",
             shape,
             f"{m.path}: {why}: vLLM refuses to load the table",
-            redo,
+            rewrite_fix(inp.model_dir or "DIR", table),
         )
         return
     found = (doc.get("rows"), doc.get("dim"), doc.get("dtype"))
@@ -1105,6 +1131,12 @@ def _table_manifest(inp: PreflightInput, st: StorageFacts, fits: list[str]) -> I
             "is stale)",
             redo,
         )
+        return
+    lie = _manifest_sizes_disagree(doc, row_bytes, want)
+    if lie:
+        yield Finding("table.size", "fail", f"{name}: {lie.split(',')[0]}", shape,
+                      f"{m.path}: {lie}: the manifest does not describe this table",
+                      rewrite_fix(inp.model_dir or "DIR", table))  # fmt: skip
         return
     yield _ok("table.size", measured, shape, f"exact size ({layout} layout, per {m.path})")
 

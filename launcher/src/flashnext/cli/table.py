@@ -119,9 +119,20 @@ def table_prepare(
     help="Random rows to compare byte for byte (first and last row included).",
 )
 @click.option("--seed", type=int, default=None, help="Seed for the row sample (printed).")
+@click.option(
+    "--rewrite-manifest",
+    is_flag=True,
+    help="Ignore a damaged TABLE.json, take the layout the size fits, and write the manifest "
+    "anew once the sampled rows match (no recopy of the table).",
+)
 @options("as_json")
 def table_verify(
-    model_dir: str, table_path: str, samples: int, seed: int | None, as_json: bool
+    model_dir: str,
+    table_path: str,
+    samples: int,
+    seed: int | None,
+    rewrite_manifest: bool,
+    as_json: bool,
 ) -> None:
     """Check the table's size and shape, then compare sampled rows with the shards.
 
@@ -133,7 +144,15 @@ def table_verify(
 
     from flashnext.table.verify import verify_table
 
-    result = verify_table(model_dir, table_path, samples=samples, seed=seed)
+    result = verify_table(
+        model_dir, table_path, samples=samples, seed=seed, rewrite_manifest=rewrite_manifest
+    )
+    if rewrite_manifest and result.ok:
+        click.echo(
+            f"table verify: wrote {result.manifest} ({result.layout} layout) after "
+            f"{result.samples} sampled rows matched",
+            err=True,
+        )
     if as_json:
         from flashnext.render import emit_json
 
