@@ -18,7 +18,11 @@ from typing import Any
 from flashnext import VLLM_VERSION
 from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.checks.finding import Finding
-from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
+from flashnext.facts.model_derived import (
+    VLLM_SAMPLING_KEYS,
+    sampling_keys_present,
+    sampling_keys_restoring_nothing,
+)
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
 from flashnext.plan.mtp import INT4_FIX
 from flashnext.plan.planner import Plan
@@ -877,13 +881,19 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
     if present:
         yield _ok("model.sampling", ", ".join(present), "sampling keys", "defaults present")
         return
+    neutral = sampling_keys_restoring_nothing(inp.model.generation_config)
     yield Finding(
         "model.sampling",
         "fail",
-        "no sampling keys",
+        f"only {neutral}" if neutral else "no sampling keys",
         ", ".join(VLLM_SAMPLING_KEYS[:4]) + ", ...",
-        "generation_config.json has no sampling keys: vLLM falls back to temperature 1, "
-        "top_p 1, top_k 0 over 248k tokens and output degrades",
+        (
+            f"generation_config.json sets only {neutral}, which restore nothing"
+            if neutral
+            else "generation_config.json has no sampling keys"
+        )
+        + ": vLLM falls back to temperature 1, top_p 1, top_k 0 over 248k tokens and output "
+        "degrades",
         f"flashnext checkpoint fix --model {inp.model_dir} --generation-config-from "
         "<dir of the original release>",
     )
@@ -916,13 +926,19 @@ def _given_generation_config(inp: PreflightInput) -> Iterator[Finding]:
             f"from --generation-config {given}",
         )
         return
+    neutral = sampling_keys_restoring_nothing(inp.generation_config)
     yield Finding(
         "model.sampling",
         "fail",
-        "no sampling keys",
+        f"only {neutral}" if neutral else "no sampling keys",
         required,
-        f"{Path(given) / 'generation_config.json'} sets none of {', '.join(VLLM_SAMPLING_KEYS)}: "
-        "vLLM falls back to temperature 1, top_p 1, top_k 0 and output degrades",
+        f"{Path(given) / 'generation_config.json'} sets "
+        + (
+            f"only {neutral}, which restore nothing"
+            if neutral
+            else f"none of {', '.join(VLLM_SAMPLING_KEYS)}"
+        )
+        + ": vLLM falls back to temperature 1, top_p 1, top_k 0 and output degrades",
         fix,
     )
 

@@ -29,7 +29,7 @@ def read_json_object(
                 raise JsonFileError(f"{path}: not a regular file, so not a {what}")
             raw = fh.read(limit + 1)
     except FileNotFoundError:
-        raise JsonFileError(f"{path}: no such file") from None
+        raise JsonFileError(f"{path}: cannot read it (no such file)") from None
     except IsADirectoryError:
         raise JsonFileError(f"{path}: a directory, not a {what}") from None
     except OSError as exc:

@@ -100,14 +100,48 @@ def config_int(
     return value
 
 
+# vLLM's own value for each key that shapes the token distribution: a key set to one
+# of these restores nothing (top_k -1 and 0 both mean "off"). max_new_tokens and
+# skip_special_tokens shape no distribution, so alone they leave vLLM's fallback
+# sampling (temperature 1, top_p 1) as it is.
+VLLM_FALLBACKS: dict[str, tuple[float, ...]] = {
+    "repetition_penalty": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "temperature": (1,),
+    "top_k": (0, -1),
+    "top_p": (1,),
+    "min_p": (0,),
+}
+
+
 def sampling_keys_present(generation_config: dict[str, Any] | None) -> tuple[str, ...]:
-    """The vLLM sampling keys a generation_config sets.
+    """The vLLM sampling keys a generation_config sets to a value that restores
+    something (not vLLM's own fallback).
 
     An empty tuple means vLLM serves with its neutral defaults.
     """
     if not generation_config:
         return ()
-    return tuple(k for k in VLLM_SAMPLING_KEYS if generation_config.get(k) is not None)
+    return tuple(
+        k
+        for k in VLLM_SAMPLING_KEYS
+        if k in VLLM_FALLBACKS
+        and generation_config.get(k) is not None
+        and generation_config[k] not in VLLM_FALLBACKS[k]
+    )
+
+
+def sampling_keys_restoring_nothing(generation_config: dict[str, Any] | None) -> str:
+    """'top_k=-1, max_new_tokens=128': the keys set that leave vLLM's fallback sampling."""
+    if not generation_config:
+        return ""
+    kept = set(sampling_keys_present(generation_config))
+    return ", ".join(
+        f"{k}={generation_config[k]!r}".replace("True", "true").replace("False", "false")
+        for k in VLLM_SAMPLING_KEYS
+        if generation_config.get(k) is not None and k not in kept
+    )
 
 
 def _is_prime(n: int) -> bool:
