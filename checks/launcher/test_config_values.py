@@ -157,3 +157,17 @@ def test_a_section_of_the_wrong_type_is_named(top, words, fixed_tiny, tmp_path):
     assert pre.exit_code == 1
     check = invoke("checkpoint", "check", "--model", model)
     assert check.exit_code == 1 and check.output.startswith(f"Error: {want}"), check.output
+
+
+def test_host_checks_blame_the_failed_plan_not_a_missing_model(fixed_tiny, tmp_path):
+    """Issue 25, class 11: with --model readable and the plan failed for another reason,
+    the unsized host checks do not ask for --model."""
+    model = damaged(fixed_tiny, tmp_path, num_hidden_layers=5)
+    # a partition for 5 layers: the reference plan (the profile's 48) cannot size either
+    pre = invoke("preflight", "--facts", BASE_FILE, "--model", model, "--table", TABLE,
+                 "--pp-layer-partition", "1,2,2", "--json")  # fmt: skip
+    found = {f["id"]: f for f in json.loads(pre.stdout)["findings"]}
+    assert found["plan"]["level"] == "fail"
+    ram = found["host.ram"]
+    assert ram["message"].startswith("the plan failed (see the plan check), so it cannot size")
+    assert ram["fix"] == "fix what the plan check names, then re-run"

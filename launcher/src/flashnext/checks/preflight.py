@@ -511,12 +511,25 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
 _SIZED_FOR_PROFILE = " (sized for the checkpoint profile {} serves, as no checkpoint was planned)"
 
 
+def _unsized_because(inp: PreflightInput) -> tuple[str, str]:
+    """(fix, why) of the host checks no plan could size: the checkpoint is missing only
+    when --model was not given or could not be read; otherwise the plan failed."""
+    if inp.model is not None:
+        return (
+            "fix what the plan check names, then re-run",
+            "the plan failed (see the plan check), so it cannot size",
+        )
+    return (
+        "pass --model the checkpoint directory: the plan sizes what the host must hold",
+        "without a readable checkpoint (--model) the plan cannot size",
+    )
+
+
 def _host_memory_unsized(inp: PreflightInput) -> Iterator[Finding]:
     """No plan at all: show what the host has; what it needs waits for a checkpoint."""
     mem = inp.facts.memory
     required = "sized by the plan"
-    fix = "pass --model the checkpoint directory: the plan sizes what the host must hold"
-    why = "without a readable checkpoint (--model) the plan cannot size"
+    fix, why = _unsized_because(inp)
     yield Finding(
         "host.ram",
         "warn",
