@@ -387,7 +387,12 @@ def skeleton_command(out_dir: str, tiny: bool, fixed_metadata: bool, as_json: bo
     try:
         summary = write_skeleton(out_dir, "tiny" if tiny else "full", fixed_metadata=fixed_metadata)
     except OSError as exc:
-        raise FlashnextError(str(exc)) from exc
+        from flashnext.write_errors import write_failure
+
+        message, fix = write_failure(exc, out_dir)
+        raise FlashnextError(
+            message, fix or "pass a DIR on a writable filesystem with ~60 MB free"
+        ) from exc
     if as_json:
         emit_json(dataclasses.asdict(summary))
         return
