@@ -74,3 +74,29 @@ def test_temp_files_as_atomic_names_them_are_swept(checkpoint: Checkpoint,
     assert result.exit_code == 0, result.output
     assert not any(p.exists() for p in stale)
     assert keep.read_text() == "mine"
+
+
+def test_the_space_check_credits_only_committed_bytes_of_a_stale_partial(tmp_path: Path) -> None:
+    """A partial as large as the table but with no journal (or a sparse one) keeps
+    nothing a rerun can trust: the up-front check must not count it as written."""
+    ckpt = make_checkpoint(tmp_path / "model", shards=16, vocab_base=13_000, seed=7)
+    small = tmp_path / "small"
+    small.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode:
+        import pytest
+
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        out = small / "ple.bin"
+        with open(f"{out}.partial", "wb") as fh:
+            fh.truncate(len(ckpt.flat))  # stale, sparse, no journal
+        result = CliRunner().invoke(main, ["table", "prepare", "--model", str(ckpt.path),
+                                           "--out", str(out), "--force"])  # fmt: skip
+        assert result.exit_code == 1
+        assert result.output.startswith(f"Error: {small} has "), result.output
+        assert "the table needs" in result.output
+        assert not Path(f"{out}.partial.json").exists()  # refused before any write
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -122,9 +122,10 @@ def check_storage(out: Path, layout: TableLayout, file_layout: str, force: bool)
 
     facts = probe_storage(str(out.parent))
     needed = layout.file_bytes(file_layout) - (out.stat().st_size if out.exists() else 0)
-    partial, _, _ = paths_for(out)
-    if partial.exists():
-        needed -= partial.stat().st_size
+    partial, journal, _ = paths_for(out)
+    if partial.exists():  # only what the journal committed is kept (the rest is cut off),
+        st = partial.stat()  # and a sparse file holds fewer bytes than its size
+        needed -= min(st.st_size, st.st_blocks * 512, _committed(journal))
     short = space_refusal(facts, max(needed, 0))
     if short:
         raise TableError(short, fix="free space there or choose another --out")
