@@ -16,9 +16,10 @@ LIB = REPO / "checks" / "lib.sh"
 def fake_venv(cache: Path) -> Path:
     """The venv ./flashnext would use, as a complete one whose python is this test's
     (which imports this checkout's launcher): nothing is built."""
+    env = {**os.environ, "FLASHNEXT_CACHE": str(cache)}
     key = subprocess.run(["bash", "-c", f'source "{LIB}" && launcher_venv_key "$1"', "_",
                           str(REPO)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "FLASHNEXT_CACHE": str(cache)}).stdout.strip()  # fmt: skip
+                         env=env).stdout.strip()  # fmt: skip
     venv = cache / "launcher" / key
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
