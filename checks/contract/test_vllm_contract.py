@@ -63,7 +63,7 @@ def parsed(skeleton):
         [
             "serve",
             "--dry-run",
-            "--facts",
+            "--replay-facts-for-testing",
             str(BASE_FILE),
             "--model",
             str(skeleton),

@@ -25,7 +25,15 @@ def invoke(*args):
 
 def dry_run(model_dir, *extra):
     return invoke(
-        "serve", "--dry-run", "--facts", BASE_FILE, "--model", model_dir, "--table", TABLE, *extra
+        "serve",
+        "--dry-run",
+        "--replay-facts-for-testing",
+        BASE_FILE,
+        "--model",
+        model_dir,
+        "--table",
+        TABLE,
+        *extra,
     )
 
 
@@ -81,10 +89,10 @@ def test_compilation_config_is_one_json_never_dotted(full_skeleton):
 def test_dry_run_json_carries_findings_and_plan(full_skeleton, tmp_path):
     facts = tmp_path / "facts.json"
     facts.write_text(dumps(base_facts()))  # with the table's manifest recorded
-    result = invoke("serve", "--dry-run", "--facts", facts, "--model", full_skeleton,
-                    "--table", TABLE, "--json")  # fmt: skip
+    result = invoke("serve", "--dry-run", "--replay-facts-for-testing", facts,
+                    "--model", full_skeleton, "--table", TABLE, "--json")  # fmt: skip
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     # The reference host's one warning: 2 full-length requests at once, not 4.
     assert doc["result"] == "warn" and doc["dry_run"] is True
     assert doc["plan"]["profile"] == "3x3090"
@@ -107,7 +115,7 @@ def test_serve_refuses_on_a_failed_check_and_starts_nothing(full_skeleton, tmp_p
             "-m",
             "flashnext",
             "serve",
-            "--facts",
+            "--replay-facts-for-testing",
             path,
             "--model",
             full_skeleton,
@@ -235,8 +243,8 @@ def test_dry_run_with_a_failed_check_prints_the_failures_then_the_command(full_s
     # the failures, and the exit status says it would not run.
     path = tmp_path / "facts.json"
     path.write_text(dumps(VARIANTS["memlock_64k"][0](base_facts())))
-    result = invoke("serve", "--dry-run", "--facts", path, "--model", full_skeleton,
-                    "--table", TABLE)  # fmt: skip
+    result = invoke("serve", "--dry-run", "--replay-facts-for-testing", path,
+                    "--model", full_skeleton, "--table", TABLE)  # fmt: skip
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[-4] == (
@@ -247,12 +255,12 @@ def test_dry_run_with_a_failed_check_prints_the_failures_then_the_command(full_s
     assert lines[-2] == "preflight: 1 failed, 1 warnings, 33 ok"
     _, argv = split_shell_line(lines[-1])
     assert argv[1:3] == ["serve", str(full_skeleton)]
-    assert result.stderr == (
+    assert result.stderr.splitlines()[1:] == [
         "serve --dry-run: 1 check(s) failed (above): serve refuses to run this command until "
-        "they pass (`flashnext preflight` re-checks)\n"
-    )
-    doc = json.loads(invoke("serve", "--dry-run", "--facts", path, "--model", full_skeleton,
-                            "--table", TABLE, "--json").stdout)  # fmt: skip
+        "they pass (`flashnext preflight` re-checks)"
+    ]  # after the testing replay's banner
+    doc = json.loads(invoke("serve", "--dry-run", "--replay-facts-for-testing", path, "--model",
+                            full_skeleton, "--table", TABLE, "--json").stdout)  # fmt: skip
     assert doc["result"] == "fail" and doc["command"].startswith("env ")
 
 
@@ -285,8 +293,8 @@ def test_fixes_name_the_command_as_invoked(shipped_skeleton, monkeypatch):
     assert f"fix model.quant_groups: ./flashnext checkpoint fix --model {shipped_skeleton}" in lines
     assert (
         "serve: not starting vLLM: fix the failed checks above (`./flashnext preflight` re-checks)"
-        in invoke("serve", "--facts", BASE_FILE, "--model", shipped_skeleton, "--table",
-                  TABLE).stderr
+        in invoke("serve", "--replay-facts-for-testing", BASE_FILE, "--model", shipped_skeleton,
+                  "--table", TABLE).stderr
     )  # fmt: skip
     # an error's fix too (a ClickException), and only where `flashnext` is the command
     bench = invoke("bench", "--url", "http://127.0.0.1:9", "--runs", "1", "--warmup", "0",

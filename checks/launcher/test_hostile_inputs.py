@@ -223,7 +223,7 @@ def test_bad_num_hidden_layers_is_named_by_every_command(value, words, model):
     assert pre.exit_code == 1
     assert findings(pre)["plan"]["message"] == f"cannot plan: {want}"
 
-    serve = invoke("serve", "--dry-run", *common, "--json")
+    serve = invoke("serve", "--dry-run", "--replay-facts-for-testing", *common[1:], "--json")
     assert serve.exit_code == 1
     assert findings(serve)["plan"]["message"] == f"cannot plan: {want}"
 

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
 # The layer order, declared once, bottom first: a module may import its own layer
 # and the ones below, never one above. Keys are the package's top-level names.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "units", "atomic", "invocation", "checkout"),  # no launcher logic
+    ("__init__", "units", "atomic", "write_errors", "invocation", "checkout"),  # no logic
     ("facts",),  # every read of the host and the checkpoint
     ("profiles", "skeleton"),  # profiles; the checkpoint's reference inventory
     ("plan",),  # pure: partition, placement, kv sizing, plan, command

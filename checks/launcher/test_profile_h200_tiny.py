@@ -82,6 +82,11 @@ def plan_args(host) -> list[str]:
             "--table", str(table), "--port", str(port)]  # fmt: skip
 
 
+def serve_args(host) -> list[str]:
+    """plan_args for serve, which replays facts only through its testing flag."""
+    return ["--replay-facts-for-testing", *plan_args(host)[1:]]
+
+
 # ---------------------------------------------------------------- the profile
 
 
@@ -169,7 +174,7 @@ def test_the_3x3090_profile_still_refuses_that_disk(host):
 
 def test_the_dry_run_command(host, patched_vllm_env):
     model, table, _, port = host
-    result = invoke("serve", *plan_args(host), "--dry-run")
+    result = invoke("serve", *serve_args(host), "--dry-run")
     assert result.exit_code == 0, result.output
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
     assert env == {
@@ -202,8 +207,8 @@ def test_the_dry_run_command(host, patched_vllm_env):
 
 def test_the_3x3090_command_has_no_additional_config(full_skeleton):
     facts = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
-    result = invoke("serve", "--dry-run", "--facts", str(facts), "--model", str(full_skeleton),
-                    "--table", "/nvme/flashnext/ple-table.bin")  # fmt: skip
+    result = invoke("serve", "--dry-run", "--replay-facts-for-testing", str(facts), "--model",
+                    str(full_skeleton), "--table", "/nvme/flashnext/ple-table.bin")  # fmt: skip
     assert result.exit_code == 0, result.output
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
     assert "--additional-config" not in argv
@@ -254,7 +259,7 @@ print(json.dumps(out, default=str))
 def test_vllm_parses_the_dry_run_command(host):
     py = needs_vllm_python()
     model, table, _, port = host
-    result = invoke("serve", *plan_args(host), "--dry-run")
+    result = invoke("serve", *serve_args(host), "--dry-run")
     env, argv = split_shell_line(result.output.strip().splitlines()[-1])
     assert Path(argv[0]).name == "vllm" and argv[1] == "serve"
     proc = subprocess.run(

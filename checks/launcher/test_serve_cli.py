@@ -22,7 +22,7 @@ TABLE = "/nvme/flashnext/ple-table.bin"  # replayed facts say it is there, on NV
 
 def start_serve(model_dir: Path, port: int, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flashnext", "serve", "--facts", str(FACTS),
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(FACTS),
          "--model", str(model_dir), "--table", TABLE, "--port", str(port),
          "--startup-timeout", "60"],
         env=standin_env(**env),
@@ -60,7 +60,7 @@ def test_serve_reads_the_api_key_file(full_skeleton, tmp_path):
     key.write_text("sekret\n")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flashnext", "serve", "--facts", str(FACTS),
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(FACTS),
          "--model", str(full_skeleton), "--table", TABLE, "--port", str(port),
          "--api-key-file", str(key)],
         env={**standin_env(), "VLLM_API_KEY": "sekret"},  # the server demands it

@@ -146,7 +146,7 @@ def test_the_dry_run_and_the_plan_table_carry_it(full_skeleton, tmp_path):
     facts = tmp_path / "facts.json"
     facts.write_text(dumps(base_facts()))
     args = ["--facts", str(facts), "--model", str(full_skeleton), "--table", TABLE]
-    dry = CliRunner().invoke(main, ["serve", "--dry-run", *args])
+    dry = CliRunner().invoke(main, ["serve", "--dry-run", "--replay-facts-for-testing", *args[1:]])
     env, _ = split_shell_line(dry.stdout.splitlines()[-1])
     assert env["NCCL_P2P_DISABLE"] == "1"
     plan = CliRunner().invoke(main, ["plan", *args]).stdout

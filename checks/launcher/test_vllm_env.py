@@ -306,7 +306,7 @@ def test_serve_builds_the_missing_env_then_runs_it(full_skeleton, checkout_witho
     port = free_port()
     facts.write_text(dumps(dataclasses.replace(base_facts(), ports=())))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flashnext", "serve", "--facts", str(facts),
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(facts),
          "--model", str(full_skeleton), "--table", TABLE, "--port", str(port)],
         env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -334,7 +334,7 @@ def test_serve_builds_nothing_while_another_check_fails(
     facts = tmp_path / "facts.json"
     facts.write_text(dumps(VARIANTS["memlock_64k"][0](base_facts())))
     proc = subprocess.run(
-        [sys.executable, "-m", "flashnext", "serve", "--facts", str(facts),
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(facts),
          "--model", str(full_skeleton), "--table", TABLE],
         env=env, cwd=root, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -359,8 +359,8 @@ def test_serve_starts_the_real_pinned_vllm_found_in_the_cache(tmp_path):
     port = free_port()
     facts.write_text(dumps(dataclasses.replace(base_facts(), ports=())))
     proc = subprocess.run(
-        [sys.executable, "-m", "flashnext", "serve", "--facts", str(facts), "--model",
-         str(model), "--table", TABLE, "--port", str(port), "--startup-timeout", "300"],
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(facts),
+         "--model", str(model), "--table", TABLE, "--port", str(port), "--startup-timeout", "300"],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     out = proc.stdout + proc.stderr

@@ -407,9 +407,11 @@ def test_preflight_fails_a_corrupt_manifest(checkpoint: Checkpoint, packed: Path
     assert f["level"] == "fail", f
     assert f["message"].startswith(f"{manifest}: not JSON (")
     assert f["message"].endswith("): vLLM refuses to load the table")
+    # issue 25: the rows need not be copied again to mend the manifest
     assert f["fix"] == (
-        f"remove {packed} and {manifest.name} and rerun `flashnext table prepare --model "
-        f"{checkpoint.path} --out {packed}`"
+        "if the table's rows are right, rewrite just the manifest: `flashnext table verify "
+        f"--model {checkpoint.path} --table {packed} --rewrite-manifest`; else rerun "
+        "`flashnext table prepare`"
     )
 
 

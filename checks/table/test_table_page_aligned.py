@@ -264,7 +264,10 @@ def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) ->
         with path.open("wb") as f:
             f.truncate(size)
         if layout:
-            doc = {"layout": layout, "rows": rows, "dim": cols, "dtype": "BF16"}
+            # as prepare writes it: preflight checks what verify checks (issue 25)
+            total = rows * 320 if layout == "packed" else -(-rows // 12) * 4096
+            doc = {"layout": layout, "rows": rows, "dim": cols, "dtype": "BF16",
+                   "row_bytes": 320, "total_bytes": total}  # fmt: skip
             Path(f"{path}.json").write_text(json.dumps(doc))
         st = dataclasses.replace(probe_storage(str(path)), manifest=probe_manifest(path))
         inp = PreflightInput(

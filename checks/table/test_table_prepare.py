@@ -158,12 +158,12 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(
     import fcntl
 
     out = tmp_path / "ple.bin"
-    partial = tmp_path / "ple.bin.partial"
-    with partial.open("wb") as held:
+    lock = tmp_path / ".ple.bin.lock"  # the path's lock (issue 25: not the partial's)
+    with lock.open("wb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # what a running prepare holds
         result = _prepare(checkpoint, out, *force_if_needed(tmp_path))
     assert result.exit_code == 1
-    assert f"Error: another `flashnext table prepare` is writing {partial}" in result.output
+    assert f"Error: another `flashnext table prepare` is writing {out}" in result.output
     assert not out.exists()
 
 

@@ -35,7 +35,11 @@ from typing import Any
 from flashnext.atomic import write_text_atomic
 from flashnext.checks.finding import Finding, Level
 from flashnext.facts.model import CONFIG_FILE, GENERATION_CONFIG_FILE
-from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
+from flashnext.facts.model_derived import (
+    VLLM_SAMPLING_KEYS,
+    sampling_keys_present,
+    sampling_keys_restoring_nothing,
+)
 from flashnext.facts.schema import ModelFacts, TensorInfo
 
 # Checkpoint-name prefix → vLLM 0.33.0 runtime prefix (Qwen3VLForConditionalGeneration's
@@ -450,10 +454,16 @@ def check_generation_config(model: ModelFacts, report: CheckReport) -> None:
         ))  # fmt: skip
         return
     present = sampling_keys_present(model.generation_config)
+    neutral = sampling_keys_restoring_nothing(model.generation_config)
     if not present:
+        sets = (
+            f"sets only {neutral}, which restore nothing"
+            if neutral
+            else f"sets none of {', '.join(VLLM_SAMPLING_KEYS)}"
+        )
         report.findings.append(_finding(
             "generation-config", "fail",
-            f"{GENERATION_CONFIG_FILE} sets none of {', '.join(VLLM_SAMPLING_KEYS)}; vLLM then "
+            f"{GENERATION_CONFIG_FILE} {sets}; vLLM then "
             "samples the whole vocabulary at temperature 1 (long Japanese output collapses)",
             fix,
         ))  # fmt: skip
@@ -718,12 +728,15 @@ def parse_sampling(pairs: Sequence[str]) -> dict[str, Any]:
 
 def sampling_from_dir(source: Path) -> dict[str, Any]:
     path = source / GENERATION_CONFIG_FILE if source.is_dir() else source
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"--generation-config-from: cannot read {path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CheckpointError(f"--generation-config-from: {path} is not a JSON object")
+        doc = read_json_object(path, "generation config")
+    except JsonFileError as exc:
+        raise CheckpointError(
+            f"--generation-config-from: {exc}; name the published model's directory (or its "
+            "generation_config.json)"
+        ) from None
     keys = {k: doc[k] for k in RESTORABLE_KEYS if k in doc}
     for key, value in keys.items():
         why = None if value is None else sampling_value_error(key, value)
@@ -732,9 +745,12 @@ def sampling_from_dir(source: Path) -> dict[str, Any]:
                 f"--generation-config-from: {path}: {why}; vLLM refuses it, nothing was changed"
             )
     if not sampling_keys_present(keys):
+        neutral = sampling_keys_restoring_nothing(keys)
+        has = (f"sets only {neutral}, which restore nothing" if neutral
+               else f"has none of {', '.join(VLLM_SAMPLING_KEYS)} either")  # fmt: skip
         raise CheckpointError(
-            f"--generation-config-from: {path} has none of {', '.join(VLLM_SAMPLING_KEYS)} either; "
-            "name the published model's generation_config.json"
+            f"--generation-config-from: {path} {has}; name the published model's "
+            "generation_config.json"
         )
     return keys
 
@@ -767,6 +783,14 @@ def plan_fix(model: ModelFacts, sampling: Mapping[str, Any] | None = None) -> Fi
         if new != (gen or {}):
             plan.changes[GENERATION_CONFIG_FILE] = (old_text, _dump(new))
             plan.notes.append(f"{GENERATION_CONFIG_FILE}: set {', '.join(sorted(sampling))}")
+        if not sampling_keys_present(new):  # refused before anything is written
+            raise CheckpointError(
+                f"--sampling: {GENERATION_CONFIG_FILE} would set only "
+                f"{sampling_keys_restoring_nothing(new)}, vLLM's own fallbacks, which restore "
+                "nothing; pass the published values: --generation-config-from DIR (the "
+                "original release's) or --sampling temperature=... --sampling top_p=... from "
+                "the model card"
+            )
     elif not sampling_keys_present(gen):
         plan.remaining.append(
             f"{GENERATION_CONFIG_FILE} still has no sampling keys: pass --generation-config-from "

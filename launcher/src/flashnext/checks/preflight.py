@@ -18,12 +18,17 @@ from typing import Any
 from flashnext import VLLM_VERSION
 from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.checks.finding import Finding
-from flashnext.facts.model_derived import VLLM_SAMPLING_KEYS, sampling_keys_present
+from flashnext.facts.model_derived import (
+    VLLM_SAMPLING_KEYS,
+    sampling_keys_present,
+    sampling_keys_restoring_nothing,
+)
 from flashnext.facts.schema import HostFacts, ModelFacts, StorageFacts, VllmEnvFacts
 from flashnext.plan.mtp import INT4_FIX
 from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
 from flashnext.table.file_layout import LAYOUTS, PACKED, both_sizes, layouts_matching, table_bytes
+from flashnext.table.path_kind import interrupted_prepare_output, partial_message, rewrite_fix
 from flashnext.table.storage_policy import storage_refusal
 from flashnext.units import gib, size
 
@@ -506,12 +511,25 @@ def _host_memory_for(inp: PreflightInput, plan: Plan) -> Iterator[Finding]:
 _SIZED_FOR_PROFILE = " (sized for the checkpoint profile {} serves, as no checkpoint was planned)"
 
 
+def _unsized_because(inp: PreflightInput) -> tuple[str, str]:
+    """(fix, why) of the host checks no plan could size: the checkpoint is missing only
+    when --model was not given or could not be read; otherwise the plan failed."""
+    if inp.model is not None:
+        return (
+            "fix what the plan check names, then re-run",
+            "the plan failed (see the plan check), so it cannot size",
+        )
+    return (
+        "pass --model the checkpoint directory: the plan sizes what the host must hold",
+        "without a readable checkpoint (--model) the plan cannot size",
+    )
+
+
 def _host_memory_unsized(inp: PreflightInput) -> Iterator[Finding]:
     """No plan at all: show what the host has; what it needs waits for a checkpoint."""
     mem = inp.facts.memory
     required = "sized by the plan"
-    fix = "pass --model the checkpoint directory: the plan sizes what the host must hold"
-    why = "without a readable checkpoint (--model) the plan cannot size"
+    fix, why = _unsized_because(inp)
     yield Finding(
         "host.ram",
         "warn",
@@ -876,13 +894,19 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
     if present:
         yield _ok("model.sampling", ", ".join(present), "sampling keys", "defaults present")
         return
+    neutral = sampling_keys_restoring_nothing(inp.model.generation_config)
     yield Finding(
         "model.sampling",
         "fail",
-        "no sampling keys",
+        f"only {neutral}" if neutral else "no sampling keys",
         ", ".join(VLLM_SAMPLING_KEYS[:4]) + ", ...",
-        "generation_config.json has no sampling keys: vLLM falls back to temperature 1, "
-        "top_p 1, top_k 0 over 248k tokens and output degrades",
+        (
+            f"generation_config.json sets only {neutral}, which restore nothing"
+            if neutral
+            else "generation_config.json has no sampling keys"
+        )
+        + ": vLLM falls back to temperature 1, top_p 1, top_k 0 over 248k tokens and output "
+        "degrades",
         f"flashnext checkpoint fix --model {inp.model_dir} --generation-config-from "
         "<dir of the original release>",
     )
@@ -915,13 +939,19 @@ def _given_generation_config(inp: PreflightInput) -> Iterator[Finding]:
             f"from --generation-config {given}",
         )
         return
+    neutral = sampling_keys_restoring_nothing(inp.generation_config)
     yield Finding(
         "model.sampling",
         "fail",
-        "no sampling keys",
+        f"only {neutral}" if neutral else "no sampling keys",
         required,
-        f"{Path(given) / 'generation_config.json'} sets none of {', '.join(VLLM_SAMPLING_KEYS)}: "
-        "vLLM falls back to temperature 1, top_p 1, top_k 0 and output degrades",
+        f"{Path(given) / 'generation_config.json'} sets "
+        + (
+            f"only {neutral}, which restore nothing"
+            if neutral
+            else f"none of {', '.join(VLLM_SAMPLING_KEYS)}"
+        )
+        + ": vLLM falls back to temperature 1, top_p 1, top_k 0 and output degrades",
         fix,
     )
 
@@ -956,6 +986,10 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
             + ("" if st is None else f", or pass --table {st.path}"),
         )
         return
+    partial = _interrupted_prepare(inp)
+    if partial is not None:
+        yield partial
+        return
     if st is None or not st.exists:
         yield Finding(
             "table.path",
@@ -987,6 +1021,27 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
         )
     yield from _table_size(inp, st)
     yield from _table_medium(inp, st)
+
+
+def _interrupted_prepare(inp: PreflightInput) -> Finding | None:
+    """--table names an interrupted prepare's partial copy or journal: say so, and resume
+    (a size or manifest finding's "remove it" would throw the copy away)."""
+    final = interrupted_prepare_output(inp.table_path)
+    if final is None:
+        return None
+    return Finding(
+        "table.path", "fail", "an interrupted prepare's partial", "the finished table",
+        partial_message(inp.table_path, final, inp.model_dir),
+        f"flashnext table prepare --model {inp.model_dir or 'DIR'} --out {final}",
+    )  # fmt: skip
+
+
+def _manifest_sizes_disagree(doc: dict[str, Any], row_bytes: int, total: int) -> str | None:
+    """What verify also checks: the manifest's row_bytes and total_bytes are the shape's."""
+    for key, want in (("row_bytes", row_bytes), ("total_bytes", total)):
+        if doc.get(key) != want:
+            return f"{key} is {doc.get(key)!r}, the checkpoint implies {want}"
+    return None
 
 
 def _same_path(recorded: str, asked: str) -> bool:
@@ -1078,7 +1133,7 @@ def _table_manifest(inp: PreflightInput, st: StorageFacts, fits: list[str]) -> I
             f"{name}: unreadable" if m.error else f"{name}: layout {layout!r}",
             shape,
             f"{m.path}: {why}: vLLM refuses to load the table",
-            redo,
+            rewrite_fix(inp.model_dir or "DIR", table),
         )
         return
     found = (doc.get("rows"), doc.get("dim"), doc.get("dtype"))
@@ -1105,6 +1160,12 @@ def _table_manifest(inp: PreflightInput, st: StorageFacts, fits: list[str]) -> I
             "is stale)",
             redo,
         )
+        return
+    lie = _manifest_sizes_disagree(doc, row_bytes, want)
+    if lie:
+        yield Finding("table.size", "fail", f"{name}: {lie.split(',')[0]}", shape,
+                      f"{m.path}: {lie}: the manifest does not describe this table",
+                      rewrite_fix(inp.model_dir or "DIR", table))  # fmt: skip
         return
     yield _ok("table.size", measured, shape, f"exact size ({layout} layout, per {m.path})")
 

@@ -90,8 +90,8 @@ def checkpoint_fix(
     plan = plan_fix(model, sampling)
     try:
         backups = [] if dry_run else apply_fix(plan)
-    except OSError as exc:  # e.g. a read-only checkpoint: nothing was half-written
-        raise FlashnextError(str(exc)) from exc
+    except OSError as exc:  # each file is replaced whole: a rerun finishes the rest
+        raise _fix_write_error(exc, model_dir, plan) from exc
     if as_json:
         emit_json(
             {
@@ -117,6 +117,24 @@ def checkpoint_fix(
             click.echo(f"not fixed: {left}", err=True)
     if plan.remaining:
         raise SystemExit(1)
+
+
+def _fix_write_error(exc: OSError, model_dir: str, plan) -> FlashnextError:
+    """checkpoint fix could not write into the checkpoint: say so, and what still works
+    (serve --generation-config leaves the checkpoint as it is)."""
+    import errno
+
+    from flashnext.write_errors import write_failure
+
+    message, fix = write_failure(exc, model_dir)
+    if fix is None and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if set(plan.changes) == {"generation_config.json"}:
+            fix = ("leave the checkpoint as it is: serve with `flashnext serve --generation-config "
+                   "DIR`, DIR holding the published generation_config.json")  # fmt: skip
+        else:
+            fix = ("copy the checkpoint to a writable directory and run `flashnext checkpoint "
+                   "fix` there, or make this one writable")  # fmt: skip
+    return FlashnextError(message, fix)
 
 
 @checkpoint_group.command("mtp-int4")

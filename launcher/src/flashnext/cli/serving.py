@@ -162,7 +162,12 @@ def plan_cmd(as_json: bool, **kw) -> None:
 
 
 @main.command()
-@options(*PLAN_SETTINGS, "vllm_env_dir")
+@options(
+    *PLAN_SETTINGS,
+    "vllm_env_dir",
+    facts_file={"help": "Refused by serve, which judges the host it runs on (replay facts "
+                "with plan or preflight; for tests: --replay-facts-for-testing)."},
+)  # fmt: skip
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -174,9 +179,10 @@ def plan_cmd(as_json: bool, **kw) -> None:
     default=1800.0,
     show_default=True,
     type=float,
+    callback=lambda ctx, param, value: _seconds(value),
     help="Seconds to wait for /health (cold starts load 62 GiB).",
 )
-@options("api_key_file")
+@options("api_key_file", "replay_facts_for_testing")
 # The image's entrypoint is `flashnext serve`: `podman run IMAGE --version` lands here.
 @click.version_option(__version__, prog_name="flashnext")
 def serve(
@@ -185,6 +191,7 @@ def serve(
     dry_run: bool,
     startup_timeout: float,
     api_key_file: str | None,
+    replay_facts_for_testing: str | None,
     **kw,
 ) -> None:
     """Preflight, then run `vllm serve` with the plan's argv and env, supervised.
@@ -199,6 +206,7 @@ def serve(
 
     from flashnext.render import emit_json
 
+    kw["facts_file"] = _serve_facts(kw["facts_file"], replay_facts_for_testing)
     env_inputs = _vllm_env_inputs(vllm_env_dir, _vllm_env_selection())
     a = assess_from_settings(kw, env_inputs=env_inputs)
     if not dry_run and _only_the_env_is_missing(a.findings) and env_inputs["build_env"]:
@@ -207,9 +215,12 @@ def serve(
     failed = [f for f in a.findings if f.level == "fail"]
     command = _command_line(a) if a.plan else None
     if as_json:
-        emit_json({**_preflight_doc(a), "dry_run": dry_run, "command": command})
-    elif failed or not dry_run:
-        _render_preflight(a.findings)
+        doc = {**_preflight_doc(a), "dry_run": dry_run, "command": command}
+        if replay_facts_for_testing:  # absent otherwise: the envelope of a real serve
+            doc["replayed_facts_for_testing"] = replay_facts_for_testing
+        emit_json(doc)
+    elif not dry_run or any(f.level != "ok" for f in a.findings):
+        _render_preflight(a.findings)  # a dry run's warnings too, before its command
     if dry_run:
         if not as_json:
             if command is not None:
@@ -250,6 +261,44 @@ def serve(
             startup_timeout_s=startup_timeout,
         )
     )
+
+
+MAX_STARTUP_S = 7 * 24 * 3600.0
+
+
+def _seconds(value: float) -> float:
+    """--startup-timeout: finite, positive, at most a week (nan and inf parse as floats)."""
+    if not 0 < value <= MAX_STARTUP_S:  # False for nan too
+        raise click.BadParameter(f"{value}: expected seconds, more than 0 and at most "
+                                 f"{MAX_STARTUP_S:.0f} (a week)")  # fmt: skip
+    return value
+
+
+def _serve_facts(facts_file: str | None, replay: str | None) -> str | None:
+    """The facts file serve judges: none (this host) unless the testing replay is asked
+    for, loudly. Plain --facts is refused: a command that starts a server must judge the
+    host it runs on, and replayed GPUs, memory and table would vouch for another one."""
+    from click.core import ParameterSource
+
+    if facts_file is not None:
+        ctx = click.get_current_context()
+        from_env = ctx.get_parameter_source("facts_file") == ParameterSource.ENVIRONMENT
+        raise click.BadParameter(
+            "serve judges the host it runs on, not facts recorded elsewhere: "
+            + ("unset FLASHNEXT_FACTS" if from_env else "drop --facts")
+            + " (replayed facts are for `flashnext plan` and `flashnext preflight`); to test "
+            "serve against recorded facts, pass --replay-facts-for-testing FILE "
+            "(FLASHNEXT_TEST_REPLAY_FACTS)",
+            param_hint="FLASHNEXT_FACTS" if from_env else "'--facts'",
+        )
+    if replay is not None:
+        click.echo(
+            f"flashnext: TESTING ONLY: judging the facts replayed from {replay} "
+            "(--replay-facts-for-testing), not this host: the GPU, memory and table checks "
+            "below say nothing about this machine",
+            err=True,
+        )
+    return replay
 
 
 def _command_line(a) -> str:

@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from flashnext.plan.options import PlanOptions
+from flashnext.plan.options import (
+    MAX_KV_CACHE_BYTES,
+    MAX_LAYERS_PER_RANK,
+    MAX_MODEL_LEN,
+    MAX_MTP_TOKENS,
+    PlanOptions,
+)
 
 
 def _known_profile(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -22,6 +28,20 @@ def _known_profile(ctx: click.Context, param: click.Parameter, value: str | None
         return check_profile_name(value)
     except ProfileError as exc:
         raise click.BadParameter(str(exc)) from None  # a usage error: exit 2
+
+
+def _layer_counts(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """VLLM_PP_LAYER_PARTITION's form (their count and sum are the planner's: they depend
+    on the profile and the model); a usage error naming the option."""
+    if value is None:
+        return None
+    parts = value.split(",")
+    if not all(p.strip().isdigit() and 1 <= int(p) <= MAX_LAYERS_PER_RANK for p in parts):
+        raise click.BadParameter(
+            f"{value!r}: expected layer counts per rank, comma-separated, each 1 to "
+            f"{MAX_LAYERS_PER_RANK}, e.g. 16,16,16"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -69,22 +89,29 @@ _DECLARED = (
             default=PlanOptions.served_model_name),
     Setting("--kv-cache-memory-bytes", "kv_cache_memory_bytes", "VRAM per card for the KV "
             "cache; default: derived for the tightest rank and the host pools.",
-            type=click.IntRange(min=1)),
-    Setting("--max-model-len", "max_model_len", "Context length; default: the profile's.",
-            type=click.IntRange(min=1)),
+            type=click.IntRange(1, MAX_KV_CACHE_BYTES)),
+    Setting("--max-model-len", "max_model_len", "Context length; default: the profile's, "
+            "at most the model's own (config.json).",
+            type=click.IntRange(1, MAX_MODEL_LEN)),
     Setting("--pp-layer-partition", "pp_layer_partition", "Layers per PP rank, e.g. 16,16,16 "
-            "(vLLM's own variable).", "VLLM_PP_LAYER_PARTITION"),
+            "(vLLM's own variable).", "VLLM_PP_LAYER_PARTITION",
+            extra={"callback": _layer_counts}),
     Setting("--generation-config", "generation_config_dir", "Directory whose "
             "generation_config.json supplies sampling defaults.",
             type=click.Path(file_okay=False)),
     Setting("--mtp", "mtp", "Speculative decoding with the checkpoint's MTP layer: N draft "
             "tokens per step, 0 for none; default: the profile's [mtp] (off on 3x3090).",
-            "FLASHNEXT_MTP", type=click.IntRange(min=0)),
+            "FLASHNEXT_MTP", type=click.IntRange(0, MAX_MTP_TOKENS)),
     Setting("--json", "as_json", "Print canonical JSON instead of tables.", is_flag=True),
     Setting("--vllm-env", "vllm_env_dir", "The vLLM env to judge and run: the dir "
             "`pins/build-env` prints (its venv/bin/vllm). Default: `vllm` on PATH, else this "
             "checkout's pinned env (serve builds it if missing).", "FLASHNEXT_VLLM_ENV",
             type=click.Path(file_okay=False)),
+    Setting("--replay-facts-for-testing", "replay_facts_for_testing", "TESTING ONLY: judge "
+            "facts recorded with `flashnext facts --json` instead of this host (e.g. a 3-GPU "
+            "host emulated on one GPU). serve prints a banner and records the file; --facts "
+            "is refused by serve.", "FLASHNEXT_TEST_REPLAY_FACTS",
+            type=click.Path(exists=True, dir_okay=False)),
     Setting("--api-key-file", "api_key_file", "File holding the API key (else VLLM_API_KEY).",
             type=click.Path(exists=True, dir_okay=False)),
 )  # fmt: skip

@@ -9,7 +9,9 @@ from flashnext.cli.settings import options
 from flashnext.table.file_layout import DEFAULT_LAYOUT, LAYOUTS  # pure arithmetic, no I/O
 from flashnext.units import gib
 
-_HIDDEN_INT = {"type": click.IntRange(min=4096), "hidden": True}
+# Buffer and fsync sizes: the copy buffer is allocated, so it is bounded.
+_CHUNK = {"type": click.IntRange(4096, 1 << 30), "hidden": True}
+_SYNC = {"type": click.IntRange(4096, 1 << 40), "hidden": True}
 
 
 @main.group()
@@ -42,8 +44,8 @@ def table() -> None:
     "(101.73 vs 95.37 GiB). Recorded in OUT.json; serve and verify read it there.",
 )
 @options("as_json")
-@click.option("--chunk-bytes", default=64 << 20, **_HIDDEN_INT)
-@click.option("--sync-bytes", default=1 << 30, **_HIDDEN_INT)
+@click.option("--chunk-bytes", default=64 << 20, **_CHUNK)
+@click.option("--sync-bytes", default=1 << 30, **_SYNC)
 def table_prepare(
     model_dir: str,
     out: str,
@@ -117,9 +119,20 @@ def table_prepare(
     help="Random rows to compare byte for byte (first and last row included).",
 )
 @click.option("--seed", type=int, default=None, help="Seed for the row sample (printed).")
+@click.option(
+    "--rewrite-manifest",
+    is_flag=True,
+    help="Ignore a damaged TABLE.json, take the layout the size fits, and write the manifest "
+    "anew once the sampled rows match (no recopy of the table).",
+)
 @options("as_json")
 def table_verify(
-    model_dir: str, table_path: str, samples: int, seed: int | None, as_json: bool
+    model_dir: str,
+    table_path: str,
+    samples: int,
+    seed: int | None,
+    rewrite_manifest: bool,
+    as_json: bool,
 ) -> None:
     """Check the table's size and shape, then compare sampled rows with the shards.
 
@@ -131,7 +144,15 @@ def table_verify(
 
     from flashnext.table.verify import verify_table
 
-    result = verify_table(model_dir, table_path, samples=samples, seed=seed)
+    result = verify_table(
+        model_dir, table_path, samples=samples, seed=seed, rewrite_manifest=rewrite_manifest
+    )
+    if rewrite_manifest and result.ok:
+        click.echo(
+            f"table verify: wrote {result.manifest} ({result.layout} layout) after "
+            f"{result.samples} sampled rows matched",
+            err=True,
+        )
     if as_json:
         from flashnext.render import emit_json
 

@@ -10,15 +10,23 @@ from flashnext.cli.serving import assess_from_settings
 from flashnext.cli.settings import PLAN_SETTINGS, options
 from flashnext.units import gib
 
+# Bounds of bench's numbers: each sizes requests, prompts held in memory or run time.
+MAX_CONCURRENCY = 1024
+MAX_PROMPT_TOKENS = 1 << 24  # a prompt's ids are built in memory: 16M tokens, ~0.5 GB
+MAX_RUNS = 1000
 
-def _csv_ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
-    if any(v < 1 for v in out):
-        raise click.BadParameter(f"{value!r}: every value must be >= 1")
-    return out
+
+def _csv_ints(most: int):
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
+        if any(not 1 <= v <= most for v in out):  # empty: that phase is skipped
+            raise click.BadParameter(f"{value!r}: every value must be 1 to {most}")
+        return out
+
+    return parse
 
 
 def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -26,24 +34,71 @@ def _id_range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
         parts = tuple(int(v) for v in value.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 2 or not 0 <= parts[0] < parts[1]:
-        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI")
+    if len(parts) != 2 or not 0 <= parts[0] < parts[1] <= 1 << 31:
+        raise click.BadParameter(f"{value!r}: expected LO,HI with 0 <= LO < HI <= 2^31")
     return parts
 
 
-def _json_file(path: str | None, what: str) -> dict | None:
-    import json
-    from pathlib import Path
+def _json_file(path: str | None, what: str, flag: str) -> dict | None:
+    """A small UTF-8 JSON object a flag names, else a usage error naming the flag."""
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
 
     if path is None:
         return None
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise click.BadParameter(f"{path}: cannot read {what} JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise click.BadParameter(f"{path}: {what} must be a JSON object")
-    return doc
+        return read_json_object(path, what)
+    except JsonFileError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+
+
+def _plan_file(path: str | None) -> dict | None:
+    """--plan: `flashnext plan --json` output, its shape checked before the bench runs:
+    what bench reads of it (the decode roofline, the MTP projection's acceptance rate)
+    is a number where present, and one of them is."""
+    plan = _json_file(path, "plan file", "--plan")
+    if plan is None:
+        return None
+    read = {}
+    for where in (("decode", "tokens_per_s"), ("mtp", "projection", "acceptance_rate")):
+        node = plan
+        for key in where:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            read[".".join(where)] = node
+    bad = [k for k, v in read.items() if not _finite_number(v)]
+    if not read or bad:
+        what = f"{bad[0]} is not a number" if bad else "no decode.tokens_per_s"
+        raise click.BadParameter(
+            f"{path}: {what}, so not `flashnext plan --json` output; write one with "
+            "`flashnext plan --json ... > plan.json`",
+            param_hint="'--plan'",
+        )
+    return plan
+
+
+def _finite_number(value: object) -> bool:
+    import math
+
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _writable_dir(path: str | None) -> None:
+    """--out: a directory this user can create or write, checked before the bench runs
+    (nothing is created until the results are)."""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise click.BadParameter(f"{existing} is not a directory", param_hint="'--out'")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.BadParameter(
+            f"{existing} is not writable: pass --out a directory you can write",
+            param_hint="'--out'",
+        )
 
 
 @main.command()
@@ -59,42 +114,42 @@ def _json_file(path: str | None, what: str) -> dict | None:
     "--concurrency",
     default="1,4",
     show_default=True,
-    callback=_csv_ints,
+    callback=_csv_ints(MAX_CONCURRENCY),
     help="Decode concurrencies to measure.",
 )
 @click.option(
     "--decode-tokens",
     default=256,
     show_default=True,
-    type=click.IntRange(2),
+    type=click.IntRange(2, MAX_PROMPT_TOKENS),
     help="Tokens generated per decode request (ignore_eos).",
 )
 @click.option(
     "--prompt-lengths",
     default="4096",
     show_default=True,
-    callback=_csv_ints,
+    callback=_csv_ints(MAX_PROMPT_TOKENS),
     help="Prompt lengths (tokens) for prefill; 247823 is the seed's.",
 )
 @click.option(
     "--prefill-concurrency",
     default=1,
     show_default=True,
-    type=click.IntRange(1),
+    type=click.IntRange(1, MAX_CONCURRENCY),
     help="Prompts prefilled at once (the seed's figure used 4).",
 )
 @click.option(
     "--warmup",
     default=1,
     show_default=True,
-    type=click.IntRange(0),
+    type=click.IntRange(0, MAX_RUNS),
     help="Unmeasured runs before each measurement (graphs, caches, page faults).",
 )
 @click.option(
     "--runs",
     default=3,
     show_default=True,
-    type=click.IntRange(1),
+    type=click.IntRange(1, MAX_RUNS),
     help="Measured runs per measurement; the summary reports their median.",
 )
 @click.option(
@@ -152,8 +207,12 @@ def bench(
     from flashnext.tools import bench as b
     from flashnext.tools.report import redactor_for_this_host, versions
 
+    # Every input is read and checked before the first request: a bad one must not
+    # throw a finished benchmark away.
     api_key = load_api_key(os.environ, api_key_file)
-    facts = _json_file(facts_file, "facts")
+    facts = _json_file(facts_file, "facts file", "--facts")
+    plan = _plan_file(plan_file)
+    _writable_dir(out_dir)
     if facts is None:
         from flashnext.facts.collect import collect_host_facts
 
@@ -175,7 +234,6 @@ def bench(
     spec_decode = b.spec_decode_window(drafted_before, b.read_spec_decode(cfg))
     # Results get shared: the fingerprint is redacted like `flashnext report`.
     redact = redactor_for_this_host(facts)
-    plan = _json_file(plan_file, "plan")
     fingerprint = b.fingerprint(redact.value(facts), redact.value(plan), versions())
     result = b.build_result(cfg, records, fingerprint, spec_decode)
     if out_dir:
@@ -329,7 +387,12 @@ def skeleton_command(out_dir: str, tiny: bool, fixed_metadata: bool, as_json: bo
     try:
         summary = write_skeleton(out_dir, "tiny" if tiny else "full", fixed_metadata=fixed_metadata)
     except OSError as exc:
-        raise FlashnextError(str(exc)) from exc
+        from flashnext.write_errors import write_failure
+
+        message, fix = write_failure(exc, out_dir)
+        raise FlashnextError(
+            message, fix or "pass a DIR on a writable filesystem with ~60 MB free"
+        ) from exc
     if as_json:
         emit_json(dataclasses.asdict(summary))
         return

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flashnext.facts import header_cache
+from flashnext.facts.config_check import check_sections
 from flashnext.facts.safetensors import (
     ShardHeader,
     read_safetensors_header,
@@ -192,6 +193,7 @@ def _read_model_facts(root: Path) -> ModelFacts:
             f"{root / CONFIG_FILE}: quantization_config is {type(quant).__name__}, not an "
             "object; restore config.json from the published checkpoint"
         )
+    check_sections(config, root / CONFIG_FILE)
     generation = None
     if (root / GENERATION_CONFIG_FILE).exists():
         generation = _read_json(

@@ -13,7 +13,6 @@ under the `vllm/` package of the 0.33.0 wheel):
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 # Keys vLLM 0.33.0 takes from generation_config.json as default sampling
@@ -36,6 +35,10 @@ VLLM_SAMPLING_KEYS: tuple[str, ...] = (
 TEXT_PREFIX = "model.language_model."
 
 
+# PLE layers: each adds split_ngram_parts shard names (the shipped config has one).
+MAX_PLE_LAYERS = 64
+
+
 class ConfigValueError(ValueError):
     """A config.json value no Qwen4Exp model has; the message names the key and the value.
 
@@ -43,29 +46,102 @@ class ConfigValueError(ValueError):
     """
 
 
+# The largest value of each integer key the launcher reads: every one sizes work or
+# memory (a list per layer, primes per n-gram head, a name per table shard), so a
+# value past these is refused before anything is sized by it. Each is far above
+# any Qwen4Exp config (the shipped one's in brackets).
+CONFIG_MAX: dict[str, int] = {
+    "num_hidden_layers": 1024,  # [48]
+    "full_attention_interval": 1024,  # [4]
+    "mtp_num_hidden_layers": 16,  # [1]
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "linear_num_key_heads": 4096,
+    "linear_num_value_heads": 4096,
+    "indexer_n_heads": 4096,
+    "head_dim": 65536,
+    "linear_key_head_dim": 65536,
+    "linear_value_head_dim": 65536,
+    "indexer_head_dim": 65536,
+    "linear_conv_kernel_dim": 1024,
+    "indexer_compress_ratio": 1 << 20,
+    "indexer_budget": 1 << 24,
+    "hidden_size": 1 << 20,
+    "ple_embed_dim": 1 << 20,
+    "moe_intermediate_size": 1 << 24,
+    "shared_expert_intermediate_size": 1 << 24,
+    "num_experts": 1 << 16,  # [512]
+    "num_experts_per_tok": 1 << 16,
+    "vocab_size": 1 << 24,
+    "ngram_size": 16,  # [3]
+    "heads_per_ngram": 64,  # [8]
+    "ngram_vocab_size_base": 1 << 40,
+    "make_ngram_vocab_size_divisible_by": 1 << 20,
+    "split_ngram_parts": 8192,  # [512]
+}
+
+
 def config_int(
     config: dict[str, Any], key: str, default: int | None = None, *, minimum: int = 1
 ) -> int:
-    """`config[key]` as an integer >= minimum (a whole float such as 48.0 counts);
-    `default` when the key is absent, ConfigValueError when it is required or wrong."""
+    """`config[key]` as an integer in [minimum, CONFIG_MAX[key]]; `default` when the key
+    is absent, ConfigValueError when it is required or wrong. A float (48.0, NaN) is
+    refused like a string: vLLM's range() and shapes take integers only."""
     value = config.get(key, default)
     if value is None and key not in config:
         raise ConfigValueError(f"{key} is missing")
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
     if type(value) is not int or value < minimum:
         raise ConfigValueError(f"{key} is {value!r}, not an integer >= {minimum}")
+    most = CONFIG_MAX.get(key)
+    if most is not None and value > most:
+        raise ConfigValueError(
+            f"{key} is {value}, more than {most}: no Qwen4Exp model has that many"
+        )
     return value
 
 
+# vLLM's own value for each key that shapes the token distribution: a key set to one
+# of these restores nothing (top_k -1 and 0 both mean "off"). max_new_tokens and
+# skip_special_tokens shape no distribution, so alone they leave vLLM's fallback
+# sampling (temperature 1, top_p 1) as it is.
+VLLM_FALLBACKS: dict[str, tuple[float, ...]] = {
+    "repetition_penalty": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "temperature": (1,),
+    "top_k": (0, -1),
+    "top_p": (1,),
+    "min_p": (0,),
+}
+
+
 def sampling_keys_present(generation_config: dict[str, Any] | None) -> tuple[str, ...]:
-    """The vLLM sampling keys a generation_config sets.
+    """The vLLM sampling keys a generation_config sets to a value that restores
+    something (not vLLM's own fallback).
 
     An empty tuple means vLLM serves with its neutral defaults.
     """
     if not generation_config:
         return ()
-    return tuple(k for k in VLLM_SAMPLING_KEYS if generation_config.get(k) is not None)
+    return tuple(
+        k
+        for k in VLLM_SAMPLING_KEYS
+        if k in VLLM_FALLBACKS
+        and generation_config.get(k) is not None
+        and generation_config[k] not in VLLM_FALLBACKS[k]
+    )
+
+
+def sampling_keys_restoring_nothing(generation_config: dict[str, Any] | None) -> str:
+    """'top_k=-1, max_new_tokens=128': the keys set that leave vLLM's fallback sampling."""
+    if not generation_config:
+        return ""
+    kept = set(sampling_keys_present(generation_config))
+    return ", ".join(
+        f"{k}={generation_config[k]!r}".replace("True", "true").replace("False", "false")
+        for k in VLLM_SAMPLING_KEYS
+        if generation_config.get(k) is not None and k not in kept
+    )
 
 
 def _is_prime(n: int) -> bool:
@@ -107,8 +183,10 @@ def _primes_from(start: int, count: int) -> list[int]:
 def ple_layer_ids(text_config: dict[str, Any]) -> tuple[int, ...]:
     """Zero-based decoder layer indices that hold a PLE module (`ple_layer_ids` is one-based)."""
     ids = text_config.get("ple_layer_ids") or []
-    if not isinstance(ids, list):
-        raise ConfigValueError(f"ple_layer_ids is {ids!r}, not a list of layer numbers")
+    if not isinstance(ids, list) or len(ids) > MAX_PLE_LAYERS:
+        raise ConfigValueError(
+            f"ple_layer_ids is {ids!r:.80}, not a list of at most {MAX_PLE_LAYERS} layer numbers"
+        )
     return tuple(sorted({config_int({"ple_layer_ids": i}, "ple_layer_ids") - 1 for i in ids}))
 
 

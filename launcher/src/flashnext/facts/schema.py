@@ -322,6 +322,24 @@ def host_facts_from_json(text: str, source: str = "facts") -> HostFacts:
         raise FactsSchemaError(f"{source}: not JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise FactsSchemaError(f"{source}: expected a JSON object")
+    return host_facts_from_doc(doc, source)
+
+
+def host_facts_from_file(path: str) -> HostFacts:
+    """A facts file (--facts): a small UTF-8 JSON object, else FactsSchemaError with the fix."""
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+
+    try:
+        doc = read_json_object(path, "facts file")
+    except JsonFileError as exc:
+        raise FactsSchemaError(
+            f"{exc}; record facts with `flashnext facts --out FILE` and pass that FILE"
+        ) from None
+    return host_facts_from_doc(doc, path)
+
+
+def host_facts_from_doc(doc: dict[str, Any], source: str = "facts") -> HostFacts:
+    """A parsed facts document, refusing versions this launcher does not know."""
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
         raise FactsSchemaError(

@@ -40,11 +40,22 @@ class ServeCommand:
     env: dict[str, str]
 
 
+def path_argument(path: str) -> str:
+    """`path` as vLLM must receive it to open that same path: a relative path beginning
+    with "-" would be read as an option by vLLM's argument parser; "./" keeps it a
+    path. Every other character reaches vLLM as it is (argv, not a shell)."""
+    return f"./{path}" if path.startswith("-") else path
+
+
 def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCommand:
     """The plan rendered as `vllm serve` flags, each commented with why."""
     sched = profile.scheduler
-    argv = ["vllm", "serve", options.model_dir or "MODEL_DIR"]
-    argv += ["--served-model-name", options.served_model_name]
+    argv = ["vllm", "serve", path_argument(options.model_dir or "MODEL_DIR")]
+    name = options.served_model_name
+    # A name beginning with "-" goes as --flag=NAME, or vLLM would read it as an option.
+    argv += (
+        [f"--served-model-name={name}"] if name.startswith("-") else ["--served-model-name", name]
+    )
     argv += ["--host", options.host, "--port", str(options.port)]
     # Nothing in the model divides by 3: pipeline, not tensor, parallel.
     argv += ["--pipeline-parallel-size", str(profile.parallel.pipeline_parallel_size)]
@@ -66,7 +77,7 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
     # The checkpoint ships a vision tower; text serving keeps it off the GPUs.
     argv += ["--language-model-only"]
     if options.table_path:
-        engram = {ENGRAM_MMAP_PATH: options.table_path}
+        engram = {ENGRAM_MMAP_PATH: path_argument(options.table_path)}
         argv += ["--engram-config", json.dumps(engram, sort_keys=True, separators=(",", ":"))]
     if plan.mtp is not None and plan.mtp.fits:
         # One JSON object, like --compilation-config.
@@ -78,7 +89,7 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
         argv += ["--cpu-offload-gb", plan.mtp.cpu_offload_gb]
         argv += ["--cpu-offload-params", *plan.mtp.offload_params]
     if options.generation_config_dir:
-        argv += ["--generation-config", options.generation_config_dir]
+        argv += ["--generation-config", path_argument(options.generation_config_dir)]
     return ServeCommand(tuple(argv), dict(plan.env))
 
 

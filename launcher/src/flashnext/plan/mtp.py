@@ -40,6 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from flashnext.facts.model_derived import config_int
 from flashnext.plan.host_pools import HostPools, pow2_ceil
 from flashnext.plan.mtp_projection import MtpProjection
 from flashnext.plan.qsa_sizing import RequestCapacity
@@ -290,8 +291,8 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
             other += nbytes
     if layer + other == 0:
         return None
-    num_hidden = int(text_config["num_hidden_layers"])
-    num_mtp = int(text_config.get("mtp_num_hidden_layers", 1))
+    num_hidden = config_int(text_config, "num_hidden_layers")
+    num_mtp = config_int(text_config, "mtp_num_hidden_layers", 1)
     segments = drafter_offload_params(num_hidden, num_mtp)
     # The drafter's embedding is the target's tensors as stored (patch 0033); BF16
     # vocab x hidden when the checkpoint has none under the usual name.
@@ -300,8 +301,8 @@ def mtp_needs(bytes_by_class: dict[str, int], text_config: dict[str, Any]) -> Mt
         for name, nbytes in bytes_by_class.items()
         if name.startswith(TARGET_EMBED)
     } or {
-        f"{EMBED_PREFIX}weight": int(text_config["vocab_size"])
-        * int(text_config["hidden_size"])
+        f"{EMBED_PREFIX}weight": config_int(text_config, "vocab_size")
+        * config_int(text_config, "hidden_size")
         * BF16_BYTES
     }
     embed = sum(offloaded.values())

@@ -9,7 +9,12 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-Positive = Annotated[int, Field(ge=1)]
+# Bounds of what a user may ask for, far beyond any 3090 (or any GPU): a value past
+# them is a typo, refused as a usage error before it reaches the planner or vLLM.
+MAX_KV_CACHE_BYTES = 1 << 50  # 1 PiB of VRAM per card
+MAX_MODEL_LEN = (1 << 31) - 1  # vLLM's positions are int32
+MAX_MTP_TOKENS = 16  # draft tokens per step
+MAX_LAYERS_PER_RANK = 1024  # config_check's num_hidden_layers bound
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -21,12 +26,12 @@ class PlanOptions:
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
     served_model_name: Annotated[str, Field(min_length=1)] = "qwen3.8-flash-next"
-    kv_cache_memory_bytes: Positive | None = None
-    max_model_len: Positive | None = None
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1, le=MAX_KV_CACHE_BYTES)] | None = None
+    max_model_len: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] | None = None
     pp_layer_partition: str | None = None
     """VLLM_PP_LAYER_PARTITION from the environment, honoured like vLLM does."""
     generation_config_dir: str | None = None
     """Passed as --generation-config when the checkpoint's own lacks sampling keys."""
-    mtp: Annotated[int, Field(ge=0)] | None = None
+    mtp: Annotated[int, Field(ge=0, le=MAX_MTP_TOKENS)] | None = None
     """Draft tokens per step with the checkpoint's MTP layer: 0 serves without MTP,
     N > 0 with N; None keeps the profile's [mtp] (profiles.with_mtp)."""

@@ -21,6 +21,11 @@ def pp_layer_counts(num_layers: int, pp_size: int, partition: str | None = None)
                 f"VLLM_PP_LAYER_PARTITION={partition!r} is not a comma-separated list of "
                 f"integers; use e.g. {','.join(['16'] * pp_size)}"
             ) from exc
+        if any(c < 1 for c in counts):
+            raise PartitionError(
+                f"VLLM_PP_LAYER_PARTITION={partition!r} gives a rank no layers; every count "
+                f"must be at least 1, e.g. {','.join(['16'] * pp_size)}"
+            )
         if len(counts) != pp_size:
             raise PartitionError(
                 f"VLLM_PP_LAYER_PARTITION={partition!r} has {len(counts)} entries for "

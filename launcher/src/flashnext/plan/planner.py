@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flashnext.facts.config_check import check_text_config
+from flashnext.facts.model_context import model_context
 from flashnext.facts.model_derived import (
     ConfigValueError,
     config_int,
@@ -323,6 +325,30 @@ def plan(
         ) from exc
 
 
+def _max_model_len(model: ModelFacts, profile: Profile, options: PlanOptions) -> Planned:
+    """--max-model-len, else the profile's, bounded by the context vLLM derives from
+    config.json: it refuses a longer one at start, after loading. Every length a fix
+    line suggests is below this one, so within the bound too."""
+    context = model_context(model.text_config)
+    if options.max_model_len:
+        if context is not None and options.max_model_len > context.tokens:
+            raise PlanError(
+                f"--max-model-len {options.max_model_len} is longer than the model's context "
+                f"({Path(model.path) / 'config.json'}: {context.describe()}), which vLLM "
+                f"refuses at start: pass --max-model-len {context.tokens} or less"
+            )
+        return Planned(options.max_model_len, "flag", "--max-model-len given")
+    wanted = profile.scheduler.max_model_len
+    if context is not None and wanted > context.tokens:
+        return Planned(
+            context.tokens,
+            "derived",
+            f"the model's context ({context.describe()}), shorter than profile "
+            f"{profile.name}'s {wanted}",
+        )
+    return Planned(wanted, "profile", f"profile {profile.name}")
+
+
 def _plan(
     facts: HostFacts,
     model: ModelFacts,
@@ -330,9 +356,7 @@ def _plan(
     options: PlanOptions,
     profile_reason: str,
 ) -> Plan:
-    text = model.text_config
-    if not isinstance(text, dict):
-        raise ConfigValueError(f"text_config is {text!r}, not an object")
+    text = check_text_config(model)  # types, bounds, tensors: before anything is sized
     pp = profile.parallel.pipeline_parallel_size
     num_layers = config_int(text, "num_hidden_layers")
     ranges = pp_layer_ranges(num_layers, pp, options.pp_layer_partition)
@@ -362,11 +386,7 @@ def _plan(
         + activation
         for r in range(pp)
     ]
-    max_len = (
-        Planned(options.max_model_len, "flag", "--max-model-len given")
-        if options.max_model_len
-        else Planned(profile.scheduler.max_model_len, "profile", f"profile {profile.name}")
-    )
+    max_len = _max_model_len(model, profile, options)
     decode = DecodeRoofline(
         dense_bytes=dense,
         routed_expert_bytes=routed,

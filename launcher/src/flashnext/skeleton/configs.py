@@ -119,7 +119,8 @@ _TINY_TEXT_OVERRIDES: dict[str, Any] = {
     "split_ngram_parts": 4,
     "ngram_vocab_size_base": 1000,
     "vocab_size": 1024,
-    "max_position_embeddings": 4096,
+    # The real model's context: plans of the shipped profile (262,144 tokens) fit it.
+    "max_position_embeddings": 262144,
     "bos_token_id": 1023,
     "eos_token_id": 1023,
 }

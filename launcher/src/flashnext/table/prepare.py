@@ -19,9 +19,12 @@ import fcntl
 import json
 import os
 import random
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,11 @@ def paths_for(out: Path) -> tuple[Path, Path, Path]:
     )
 
 
+def paths_for_journal(journal: Path) -> Path:
+    """OUT.partial, from its journal OUT.partial.json."""
+    return journal.with_name(journal.name.removesuffix(".json"))
+
+
 def write_json_atomic(path: Path, doc: dict[str, Any], mode: int | None = None) -> None:
     write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n", mode)
 
@@ -114,9 +122,10 @@ def check_storage(out: Path, layout: TableLayout, file_layout: str, force: bool)
 
     facts = probe_storage(str(out.parent))
     needed = layout.file_bytes(file_layout) - (out.stat().st_size if out.exists() else 0)
-    partial, _, _ = paths_for(out)
-    if partial.exists():
-        needed -= partial.stat().st_size
+    partial, journal, _ = paths_for(out)
+    if partial.exists():  # only what the journal committed is kept (the rest is cut off),
+        st = partial.stat()  # and a sparse file holds fewer bytes than its size
+        needed -= min(st.st_size, st.st_blocks * 512, _committed(journal))
     short = space_refusal(facts, max(needed, 0))
     if short:
         raise TableError(short, fix="free space there or choose another --out")
@@ -152,22 +161,70 @@ def rows_in_prefix(layout: TableLayout, file_layout: str, nbytes: int) -> int:
     return min(layout.rows, nbytes // PAGE_BYTES * rows_per_page(layout.row_bytes))
 
 
-def _lock(fd: int, partial: Path) -> None:
-    """One writer per output: a second prepare would interleave its bytes."""
+@contextmanager
+def _path_lock(out: Path, error: Callable[[OSError], TableError]) -> Iterator[None]:
+    """One prepare per output path for the whole run. The lock is a file beside OUT,
+    not OUT.partial: removing the partial mid-run must not let a second run in. A lock
+    is kept only while the path still names the locked file, so the file can be removed
+    at the end (under the lock) without a window."""
+    lock = out.with_name(f".{out.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # a read-only or full directory: named like any write
+            raise error(exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TableError(
+                f"another `flashnext table prepare` is writing {out}",
+                fix="wait for it to finish (or stop it; a rerun resumes its work)",
+            ) from None
+        if _same_file(lock, fd):
+            break
+        os.close(fd)  # a finishing run removed it: lock the new one
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise TableError(
-            f"another `flashnext table prepare` is writing {partial}",
-            fix="wait for it to finish (or stop it; a rerun resumes its work)",
-        ) from None
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _still_ours(partial: Path, fd: int, journal: Path) -> None:
+    """OUT.partial is still the file this run writes: if it was removed (or replaced)
+    mid-run, nothing is committed or moved into place, and its journal, which would
+    describe bytes no file holds, goes too."""
+    if _same_file(partial, fd):
+        return
+    journal.unlink(missing_ok=True)
+    raise TableError(
+        f"{partial} was removed or replaced while this run wrote it: nothing was moved to "
+        f"{partial.with_name(partial.name.removesuffix('.partial'))}",
+        fix="rerun the same command (it starts the copy again)",
+    )
+
+
+# Temp names of journal and manifest writes: atomic.py's .NAME.<12 hex digits>, and
+# .NAME.<anything>.tmp of earlier flashnext versions.
+_TEMP_SUFFIX = re.compile(r"[0-9a-f]{12}|.+\.tmp")
 
 
 def _remove_stale_temps(out: Path) -> None:
     """Temp files of journal/manifest writes a killed run left (we hold the lock now)."""
-    for pattern in (f".{out.name}.partial.json.*.tmp", f".{out.name}.json.*.tmp"):
-        for stale in out.parent.glob(pattern):
-            stale.unlink(missing_ok=True)
+    for name in (f".{out.name}.partial.json.", f".{out.name}.json."):
+        for stale in out.parent.glob(f"{glob_escape(name)}*"):
+            if _TEMP_SUFFIX.fullmatch(stale.name[len(name) :]):
+                stale.unlink(missing_ok=True)
 
 
 def refuse_other_layout(
@@ -320,6 +377,7 @@ def _stream(
             if since_sync >= sync_bytes or pos == total:
                 writeback.finish()
                 os.fdatasync(dst_fd)
+                _still_ours(paths_for_journal(journal), dst_fd, journal)
                 _commit(journal, identity, file_layout, pos)
                 since_sync = 0
             if on_progress:
@@ -377,12 +435,37 @@ def prepare_table(
 
     refuse_other_layout(_read_json(journal), identity, file_layout, partial)
     warning = check_storage(out, layout, file_layout, force)
+
+    def lock_error(exc: OSError) -> TableError:  # named as the partial's write would be
+        return _write_error(OSError(exc.errno, exc.strerror, str(partial)), out, journal, total,
+                            opened=False)  # fmt: skip
+
+    with _path_lock(out, lock_error):
+        return _copy_locked(
+            layout, file_layout, given, out, manifest, total, shown, warning, t0,
+            chunk_bytes, sync_bytes, on_progress,
+        )  # fmt: skip
+
+
+def _copy_locked(
+    layout: TableLayout, file_layout: str, given: Path, out: Path, manifest: dict[str, Any],
+    total: int, shown: str, warning: str | None, t0: float, chunk_bytes: int,
+    sync_bytes: int, on_progress: Progress | None,
+) -> PrepareResult:  # fmt: skip
+    """The copy into OUT.partial and its move into place, under _path_lock."""
+    partial, journal, manifest_path = paths_for(out)
+    link_manifest = paths_for(given)[2] if given != out else None
+    identity = layout.identity()
+    if out.exists():  # another run finished it while this one waited for the lock
+        raise TableError(
+            f"{out} was written meanwhile by another `flashnext table prepare`",
+            fix="rerun the same command: it checks the table and leaves it",
+        )
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
     except OSError as exc:
         raise _write_error(exc, out, journal, total, opened=False) from exc
     try:
-        _lock(fd, partial)
         _remove_stale_temps(out)
         refuse_other_layout(_read_json(journal), identity, file_layout, partial)  # locked now
         resume = committed_prefix(layout, file_layout, partial, journal, identity, chunk_bytes)
@@ -395,6 +478,7 @@ def prepare_table(
         _stream(layout, file_layout, fd, resume, journal, identity, chunk_bytes, sync_bytes,
                 on_progress)  # fmt: skip
         os.fsync(fd)
+        _still_ours(partial, fd, journal)  # only the partial this run wrote is moved
         write_json_atomic(manifest_path, manifest, mode)
         if link_manifest:
             write_json_atomic(link_manifest, manifest, mode)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,13 @@ from flashnext.table.file_layout import (
     rows_per_page,
 )
 from flashnext.table.layout import TableLayout, read_layout
-from flashnext.table.prepare import paths_for
+from flashnext.table.path_kind import (
+    interrupted_prepare_output,
+    non_file_kind,
+    partial_message,
+    rewrite_fix,
+)
+from flashnext.table.prepare import paths_for, write_json_atomic
 from flashnext.table.source import ShardReader
 
 
@@ -59,48 +66,52 @@ class VerifyResult:
         return self.mismatch is None and self.padding_ok
 
 
-def sample_rows(layout: TableLayout, samples: int, seed: int) -> list[int]:
+def sample_rows(layout: TableLayout, samples: int, seed: int) -> Iterator[int]:
     """First and last row (the ends catch off-by-one layouts), then random rows.
 
     Asking for at least as many samples as rows compares every row, in order.
+    Streamed, one row at a time: --samples is the user's number, and a list of it
+    (or of the table's 320M rows) would not fit in memory.
     """
     if samples >= layout.rows:
-        return list(range(layout.rows))
+        yield from range(layout.rows)
+        return
     rng = random.Random(seed)
-    ends = [0, layout.rows - 1]
-    return ends[: min(samples, 2)] + [rng.randrange(layout.rows) for _ in range(samples - 2)]
+    yield from (0, layout.rows - 1)[: min(samples, 2)]
+    for _ in range(samples - 2):
+        yield rng.randrange(layout.rows)
 
 
-def _read_manifest(manifest: Path) -> dict:
+def _read_manifest(manifest: Path, fix: str) -> dict:
     try:
         doc = json.loads(manifest.read_text())
     except (OSError, ValueError) as exc:
-        raise TableError(
-            f"{manifest}: unreadable ({exc})", fix="rerun `flashnext table prepare`"
-        ) from exc
+        raise TableError(f"{manifest}: unreadable ({exc})", fix=fix) from exc
     if not isinstance(doc, dict):
-        raise TableError(f"{manifest}: not a JSON object", fix="rerun `flashnext table prepare`")
+        raise TableError(f"{manifest}: not a JSON object", fix=fix)
     return doc
 
 
-def manifest_layout(doc: dict, manifest: Path) -> str:
+def manifest_layout(doc: dict, manifest: Path, fix: str) -> str:
     """The file layout a manifest records; manifests from before layouts existed: packed."""
     file_layout = doc.get("layout", PACKED)
     if file_layout not in LAYOUTS:
         raise TableError(
             f"{manifest}: layout is {file_layout!r}, expected one of {', '.join(LAYOUTS)}",
-            fix="rerun `flashnext table prepare` (with --layout packed or page-aligned)",
+            fix=fix,
         )
     return file_layout
 
 
-def _check_manifest(layout: TableLayout, doc: dict, manifest: Path, file_layout: str) -> None:
+def _check_manifest(
+    layout: TableLayout, doc: dict, manifest: Path, file_layout: str, fix: str
+) -> None:
     want = layout.manifest(file_layout)
     for key in ("dtype", "rows", "dim", "row_bytes", "total_bytes"):
         if doc.get(key) != want[key]:
             raise TableError(
                 f"{manifest}: {key} is {doc.get(key)!r}, the checkpoint implies {want[key]!r}",
-                fix="rerun `flashnext table prepare` for this checkpoint",
+                fix=fix,
             )
 
 
@@ -132,17 +143,22 @@ def _zero_padding(fd: int, layout: TableLayout, size: int) -> bool:
     return True
 
 
-def verify_table(
-    model_dir: str | os.PathLike[str],
-    table: str | os.PathLike[str],
-    *,
-    samples: int = 1024,
-    seed: int | None = None,
-) -> VerifyResult:
-    if samples < 0:
-        raise TableError(f"--samples must be >= 0, got {samples}")
-    layout = read_layout(model_dir)
-    path = Path(table)
+def _check_table_path(path: Path, model_dir: str | os.PathLike[str]) -> None:
+    """The path is a table file: not a prepare's partial work, not a directory, FIFO or
+    device (each named, with its own fix), and present."""
+    final = interrupted_prepare_output(path)
+    if final is not None:
+        raise TableError(
+            partial_message(path, final, str(model_dir)),
+            fix=f"flashnext table prepare --model {model_dir} --out {final}",
+        )
+    kind = non_file_kind(path)
+    if kind is not None:
+        inside = f" (e.g. {path / 'ple-table.bin'})" if kind == "a directory" else ""
+        raise TableError(
+            f"{path}: {kind}, not a table file",
+            fix=f"pass --table the file `flashnext table prepare --out` wrote{inside}",
+        )
     if not path.is_file():
         partial = paths_for(path.absolute())[0]
         hint = f" ({partial.name} exists: prepare was interrupted)" if partial.exists() else ""
@@ -150,14 +166,38 @@ def verify_table(
             f"{path}: no such file{hint}",
             fix=f"flashnext table prepare --model {model_dir} --out {path}",
         )
+
+
+def verify_table(
+    model_dir: str | os.PathLike[str],
+    table: str | os.PathLike[str],
+    *,
+    samples: int = 1024,
+    seed: int | None = None,
+    rewrite_manifest: bool = False,
+) -> VerifyResult:
+    """`rewrite_manifest`: ignore the manifest beside the table, take the layout its
+    size fits, and write the manifest anew when the sampled rows match."""
+    if samples < 0:
+        raise TableError(f"--samples must be >= 0, got {samples}")
+    layout = read_layout(model_dir)
+    path = Path(table)
+    _check_table_path(path, model_dir)
     manifest = paths_for(path.absolute())[2]
-    doc = _read_manifest(manifest) if manifest.exists() else None
-    file_layout = manifest_layout(doc, manifest) if doc is not None else PACKED
     size = path.stat().st_size
-    if size != layout.file_bytes(file_layout):
-        raise _size_error(path, size, layout, file_layout, doc is not None)
-    if doc is not None:
-        _check_manifest(layout, doc, manifest, file_layout)
+    if rewrite_manifest:  # the manifest is not read: the size says the layout
+        fits = layouts_matching(size, layout.rows, layout.row_bytes)
+        if not fits:
+            raise _size_error(path, size, layout, PACKED, False)
+        doc, file_layout = None, fits[0]
+    else:
+        fix = rewrite_fix(model_dir, path)
+        doc = _read_manifest(manifest, fix) if manifest.exists() else None
+        file_layout = manifest_layout(doc, manifest, fix) if doc is not None else PACKED
+        if size != layout.file_bytes(file_layout):
+            raise _size_error(path, size, layout, file_layout, doc is not None)
+        if doc is not None:
+            _check_manifest(layout, doc, manifest, file_layout, fix)
     seed = random.SystemRandom().randrange(1 << 32) if seed is None else seed
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -165,15 +205,19 @@ def verify_table(
         padding_ok = file_layout == PACKED or _zero_padding(fd, layout, size)
     finally:
         os.close(fd)
-    return VerifyResult(
+    result = VerifyResult(
         str(path), layout.rows, layout.dim, layout.dtype, file_layout,
-        layout.file_bytes(file_layout), size, str(manifest) if doc is not None else None,
+        layout.file_bytes(file_layout), size,
+        str(manifest) if doc is not None or rewrite_manifest else None,
         samples, seed, mismatch, padding_ok,
     )  # fmt: skip
+    if rewrite_manifest and result.ok:  # only once the rows have matched
+        write_json_atomic(manifest, layout.manifest(file_layout), path.stat().st_mode & 0o777)
+    return result
 
 
 def _first_mismatch(
-    fd: int, layout: TableLayout, file_layout: str, rows: list[int]
+    fd: int, layout: TableLayout, file_layout: str, rows: Iterable[int]
 ) -> RowMismatch | None:
     rb = layout.row_bytes
     with ShardReader(layout) as reader:
