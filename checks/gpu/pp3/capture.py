@@ -327,6 +327,31 @@ def _install_trace2(runner) -> None:
         handler.receive = traced_receive
 
 
+def _receive_into(handler, buffers_for) -> None:
+    """Make the handler's real receive() broadcast into the tensors
+    buffers_for(input_batch) returns (in its torch.empty order: the sampled
+    tokens, then num_sampled/num_rejected), leaving the rest of it as it is."""
+    import torch
+
+    real_empty, real_receive = torch.empty, handler.receive
+
+    def receive(input_batch, recv_drafts):
+        handed = list(buffers_for(input_batch))
+
+        def take(*args, **kwargs):
+            if handed and kwargs.get("device") is not None:
+                return handed.pop(0)
+            return real_empty(*args, **kwargs)
+
+        torch.empty = take
+        try:
+            return real_receive(input_batch, recv_drafts)
+        finally:
+            torch.empty = real_empty
+
+    handler.receive = receive
+
+
 def _install_recv_on_main_stream(runner) -> None:
     """Candidate fix A: the receive buffers come from the main stream's pool
     (allocated before the side stream starts), not the side stream's."""
@@ -335,37 +360,16 @@ def _install_recv_on_main_stream(runner) -> None:
     handler = runner.pp_handler
     if handler is None or handler.is_last_rank:
         return
-    real_empty = torch.empty
 
-    def receive(input_batch, recv_drafts):
-        # Allocate under the main stream, then let the real receive run on
-        # the side stream with these buffers handed in through torch.empty.
+    def from_main_stream(input_batch):
         n, width = input_batch.num_reqs, handler._sample_len(input_batch)
         with torch.cuda.stream(handler.main_stream):
-            buffers = [
-                real_empty(n, width, dtype=torch.int64, device=handler.device),
-                real_empty(2, n, dtype=torch.int32, device=handler.device),
+            return [
+                torch.empty(n, width, dtype=torch.int64, device=handler.device),
+                torch.empty(2, n, dtype=torch.int32, device=handler.device),
             ]
-            if recv_drafts:
-                buffers.append(real_empty(n, handler.num_speculative_steps, dtype=torch.int64,
-                                          device=handler.device))  # fmt: skip
-        queue = list(buffers)
 
-        def take(*args, **kwargs):
-            return (
-                queue.pop(0)
-                if queue and kwargs.get("device") is not None
-                else real_empty(*args, **kwargs)
-            )
-
-        torch.empty = take
-        try:
-            return real_receive(input_batch, recv_drafts)
-        finally:
-            torch.empty = real_empty
-
-    real_receive = handler.receive
-    handler.receive = receive
+    _receive_into(handler, from_main_stream)
 
 
 def _install_send_holds_buffers(runner) -> None:
@@ -414,38 +418,24 @@ def _install_recv_persistent(runner) -> None:
     if handler is None or handler.is_last_rank:
         return
     depth = len(handler.queue) + 1
-    max_reqs = runner.max_num_reqs
-    width = handler.max_sample_len
+    max_reqs, width = runner.max_num_reqs, handler.max_sample_len
     pool = [
-        (torch.empty(max_reqs * width, dtype=torch.int64, device=handler.device),
-         torch.empty(2 * max_reqs, dtype=torch.int32, device=handler.device))
+        (
+            torch.empty(max_reqs * width, dtype=torch.int64, device=handler.device),
+            torch.empty(2 * max_reqs, dtype=torch.int32, device=handler.device),
+        )
         for _ in range(depth)
-    ]  # fmt: skip
-    state = {"next": 0}
-    real_empty = torch.empty
-    real_receive = handler.receive
+    ]
+    turn = {"next": 0}
 
-    def receive(input_batch, recv_drafts):
-        sampled, combined = pool[state["next"] % depth]
-        state["next"] += 1
+    def next_slot(input_batch):
+        sampled, combined = pool[turn["next"] % depth]
+        turn["next"] += 1
         n, w = input_batch.num_reqs, handler._sample_len(input_batch)
         # Contiguous views (NCCL takes no strided tensors).
-        handed = [sampled[: n * w].view(n, w), combined[: 2 * n].view(2, n)]
+        return [sampled[: n * w].view(n, w), combined[: 2 * n].view(2, n)]
 
-        def take(*args, **kwargs):
-            return (
-                handed.pop(0)
-                if handed and kwargs.get("device") is not None
-                else real_empty(*args, **kwargs)
-            )
-
-        torch.empty = take
-        try:
-            return real_receive(input_batch, recv_drafts)
-        finally:
-            torch.empty = real_empty
-
-    handler.receive = receive
+    _receive_into(handler, next_slot)
 
 
 def _install_send_after_sync(runner) -> None:

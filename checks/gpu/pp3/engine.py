@@ -24,40 +24,27 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from in_vllm_worker import engine_kwargs as ab_engine_kwargs  # noqa: E402
+from in_vllm_worker import spec_decode_counts  # noqa: E402
+
+# What the A/B's engines get unless a spec says otherwise (the h200-tiny profiles').
+DEFAULTS = {
+    "max_model_len": 24576,
+    "kv_cache_memory_bytes": 256 << 20,
+    "gpu_memory_utilization": 0.1,
+}
 
 
 def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "model": spec["model"],
-        "language_model_only": True,
-        "dtype": "bfloat16",
-        "seed": 0,
-        "max_model_len": spec.get("max_model_len", 24576),
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 512,
-        "enable_prefix_caching": False,
-        "kv_cache_memory_bytes": spec.get("kv_cache_memory_bytes", 256 << 20),
-        "gpu_memory_utilization": spec.get("gpu_memory_utilization", 0.1),
-        "additional_config": {"gdn_prefill_backend": "triton"},
-    }
-    if spec["graphs"] == "eager":
-        kwargs["enforce_eager"] = True
-    else:
-        kwargs["compilation_config"] = {
-            "mode": 0,
-            "cudagraph_mode": "FULL_DECODE_ONLY",
-            "cudagraph_capture_sizes": [1, 2, 4],
-        }
-    if spec.get("table"):
-        kwargs["engram_config"] = {"mmap_path": spec["table"]}
+    """The A/B's engine (in_vllm_worker: the profile's scheduler and graphs), at PP=spec["pp"]."""
+    kwargs = ab_engine_kwargs(DEFAULTS | spec)
     if spec.get("load_format"):
         kwargs["load_format"] = spec["load_format"]
-    if spec.get("speculative_config"):
-        kwargs["speculative_config"] = spec["speculative_config"]
-        kwargs["disable_log_stats"] = False
     if spec["pp"] > 1:
         kwargs["pipeline_parallel_size"] = spec["pp"]
-        kwargs["distributed_executor_backend"] = "mp"
+        kwargs["distributed_executor_backend"] = "mp"  # skips the GPU-count check (one GPU)
     return kwargs
 
 
@@ -116,9 +103,6 @@ def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
             flush=True,
         )
     if spec.get("speculative_config"):
-        sys.path.insert(0, str(HERE.parent))
-        from in_vllm_worker import spec_decode_counts
-
         result["spec_decode"] = spec_decode_counts(llm.get_metrics())
     return result
 
