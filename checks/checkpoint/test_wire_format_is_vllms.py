@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList  # n
 
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"
 sys.path.insert(0, str(STANDIN))
-from harness import MODEL_NAME, free_port, serve_argv, standin_env  # noqa: E402
+from harness import MODEL_NAME, start_standin  # noqa: E402
 
 
 def strict(model_cls, doc):
@@ -42,20 +40,7 @@ def strict(model_cls, doc):
 
 @pytest.fixture(scope="module")
 def url():
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(STANDIN / "vllm"), *serve_argv(port)[1:]],
-        env=standin_env(STANDIN_LOAD_S="0"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
+    proc, base = start_standin()
     yield base
     proc.terminate()
     proc.wait(10)

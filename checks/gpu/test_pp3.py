@@ -108,3 +108,11 @@ def test_only_pp3_engines_get_the_one_gpu_environment():
     assert (stock["model"], stock["load_format"], stock["table"]) == ("/s", "dummy", None)
     assert specs["pp1-ref"]["capture"] and specs["pp1-ref"]["table"] == "/t/ple-packed.bin"
     assert specs["pp3-v1"]["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+def test_every_probe_an_engine_asks_for_exists():
+    import capture
+
+    in_place = {"none", "recv", "pre_forward", "post_forward", "sample", "layers"}
+    unknown = set(orchestrate.SYNC_PROBES) - in_place - set(capture._PROBES)
+    assert unknown == set()

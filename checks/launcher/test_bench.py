@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
 from flashnext.tools import bench  # noqa: E402
 from flashnext.tools.bench import StreamRecord  # noqa: E402
-from harness import MODEL_NAME, STANDIN_DIR, free_port, serve_argv, standin_env  # noqa: E402
+from harness import (  # noqa: E402
+    MODEL_NAME,
+    free_port,
+    start_standin,
+)
 
 
 def rec(t_sent, times, *, phase="decode", conc=1, run=0, prompt=128, per_chunk=1, **kw):
@@ -137,22 +139,10 @@ PREFILL_TOK_S = 20000.0
 @pytest.fixture
 def server(tmp_path):
     def start(**env):
-        port = free_port()
         log = tmp_path / "requests.jsonl"
-        proc = subprocess.Popen(
-            [str(STANDIN_DIR / "vllm"), *serve_argv(port)[1:]],
-            env=standin_env(STANDIN_LOAD_S="0", STANDIN_REQUEST_LOG=str(log), **env),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc, url = start_standin(STANDIN_REQUEST_LOG=str(log), **env)
         started.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                return url, log
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("stand-in did not start")
+        return url, log
 
     started: list[subprocess.Popen] = []
     yield start

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
 from flashnext.cli import main  # noqa: E402
-from harness import STANDIN_DIR, free_port, serve_argv, standin_env  # noqa: E402
+from harness import start_standin  # noqa: E402
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
 
@@ -24,20 +21,9 @@ def standin():
     procs = []
 
     def start(**env):
-        port = free_port()
-        procs.append(subprocess.Popen(
-            [str(STANDIN_DIR / "vllm"), *serve_argv(port)[1:]],
-            env=standin_env(STANDIN_LOAD_S="0", **env),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                return url
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("stand-in did not start")
+        proc, url = start_standin(**env)
+        procs.append(proc)
+        return url
 
     yield start
     for p in procs:

@@ -4,10 +4,7 @@ first request, so a bad --plan, --facts or --out never throws a finished run awa
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,24 +12,12 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm"))
 from flashnext.cli import main  # noqa: E402
-from harness import STANDIN_DIR, free_port, serve_argv, standin_env  # noqa: E402
+from harness import start_standin  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def url():
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(STANDIN_DIR / "vllm"), *serve_argv(port)[1:]],
-        env=standin_env(STANDIN_LOAD_S="0", STANDIN_TOKEN_INTERVAL_S="0.001"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
+    proc, base = start_standin(STANDIN_TOKEN_INTERVAL_S="0.001")
     yield base
     proc.terminate()
     proc.wait(10)

@@ -212,22 +212,9 @@ def install_sync(worker, where: str) -> str:
                 pre, post = named(f"layer.{index}.{attr or 'all'}")
                 sub.register_forward_pre_hook(pre)
                 sub.register_forward_hook(post)
-    elif where == "trace":
-        _install_trace(runner)
-    elif where == "trace2":
-        _install_trace2(runner)
-    elif where == "fix_recv":
-        _install_recv_on_main_stream(runner)
-        _install_trace(runner)
-    elif where == "fix_recv_sync":
-        _install_recv_then_sync(runner)
-    elif where == "send_sync":
-        _install_send_after_sync(runner)
-    elif where == "fix_recv_persistent":
-        _install_recv_persistent(runner)
-    elif where == "fix_send":
-        _install_send_holds_buffers(runner)
-        _install_trace(runner)
+    elif where in _PROBES:
+        for install in _PROBES[where]:
+            install(runner)
     else:
         raise ValueError(f"unknown sync probe {where!r}")
     return where
@@ -453,3 +440,15 @@ def _install_send_after_sync(runner) -> None:
         return real_broadcast(*args, **kwargs)
 
     handler.broadcast = broadcast
+
+
+# Trace and candidate-fix probes (install_sync's names): what each installs, in order.
+_PROBES = {
+    "trace": (_install_trace,),
+    "trace2": (_install_trace2,),
+    "fix_recv": (_install_recv_on_main_stream, _install_trace),
+    "fix_recv_sync": (_install_recv_then_sync,),
+    "send_sync": (_install_send_after_sync,),
+    "fix_recv_persistent": (_install_recv_persistent,),
+    "fix_send": (_install_send_holds_buffers, _install_trace),
+}
