@@ -442,6 +442,73 @@ def _install_send_after_sync(runner) -> None:
     handler.broadcast = broadcast
 
 
+def _stream_report(handler) -> str:
+    """The stream the handler orders its side stream after, beside the
+    stream this thread runs on now (torch's own lookup: vLLM's current_stream()
+    would set a stream itself on first use)."""
+    import torch
+
+    current = torch.cuda.current_stream(handler.device).cuda_stream
+    default = torch.cuda.default_stream(handler.device).cuda_stream
+    held = handler.main_stream.cuda_stream
+    return (
+        f"handler.main_stream {held:#x} current {current:#x} default {default:#x} "
+        f"same {held == current}"
+    )
+
+
+def _wrap_handler_calls(handler, before) -> None:
+    """Call before(name) ahead of each of the handler's stream-ordering methods."""
+    for name in ("receive", "broadcast", "broadcast_drafts", "get_prev_sampled_outputs"):
+        real = getattr(handler, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            before(_name)
+            return _real(*args, **kwargs)
+
+        setattr(handler, name, wrapped)
+
+
+def _install_streams(runner) -> None:
+    """Log which stream the PP handler waits on and which one the step runs
+    on, for the first calls of each method (no sync: it must not hide a race)."""
+    import threading
+
+    handler, rank = runner.pp_handler, _rank()
+    if handler is None:
+        return
+    print(f"pp3 streams rank {rank} install: {_stream_report(handler)}", flush=True)
+    seen: dict[str, int] = {}
+
+    def log(name: str) -> None:
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] <= 3:
+            print(
+                f"pp3 streams rank {rank} {name}#{seen[name]} thread "
+                f"{threading.get_ident():#x}: {_stream_report(handler)}",
+                flush=True,
+            )
+
+    _wrap_handler_calls(handler, log)
+
+
+def _install_fix_stream(runner) -> None:
+    """Candidate fix F: the handler orders its side stream after (and waits
+    its events on) the stream current at each call, not the one current when
+    the runner was built."""
+    import torch
+
+    handler = runner.pp_handler
+    if handler is None:
+        return
+
+    def refresh(name: str) -> None:
+        handler.main_stream = torch.cuda.current_stream(handler.device)
+
+    _wrap_handler_calls(handler, refresh)
+    _install_streams(runner)  # wraps outside refresh: it logs the stream before the refresh
+
+
 # Trace and candidate-fix probes (install_sync's names): what each installs, in order.
 _PROBES = {
     "trace": (_install_trace,),
@@ -451,4 +518,6 @@ _PROBES = {
     "send_sync": (_install_send_after_sync,),
     "fix_recv_persistent": (_install_recv_persistent,),
     "fix_send": (_install_send_holds_buffers, _install_trace),
+    "streams": (_install_streams,),
+    "fix_stream": (_install_fix_stream,),
 }

@@ -45,7 +45,7 @@ ONE_GPU_ENV = {
 }
 ERROR_LINE = re.compile(
     r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
-    r"|pp3 sync probe|pp3 trace|Error:"
+    r"|pp3 sync probe|pp3 trace|pp3 streams|Error:"
 )
 
 
@@ -67,6 +67,7 @@ class Engine:
 SYNC_PROBES = (
     "none", "recv", "pre_forward", "post_forward", "sample", "layers", "trace", "trace2",
     "fix_recv", "fix_send", "fix_recv_sync", "fix_recv_persistent", "send_sync",
+    "streams", "fix_stream",
 )  # fmt: skip
 
 
@@ -82,7 +83,15 @@ def diagnose_engines() -> list[Engine]:
         Engine("pp3-env-recordstreams", "patched", 3, env={"TORCH_NCCL_AVOID_RECORD_STREAMS": "0"})
     )
     engines.append(Engine("pp3-stock", "stock", 3, table=False, stock_model=True))
+    # Which stream does stock's PP handler wait on, and which one runs the step?
+    engines.append(
+        Engine("pp3-stock-streams", "stock", 3, table=False, stock_model=True, sync="streams")
+    )
     capture_cases = ((100, 1), (3000, 1), (100, 4))
+    # Candidate fix F with layer capture: if it serves, its layers meet pp1-ref's.
+    engines.append(
+        Engine("pp3-fix_stream", "patched", 3, sync="fix_stream", capture=True, cases=capture_cases)
+    )
     engines.append(Engine("pp1-ref", "patched", 1, capture=True, cases=capture_cases))
     engines.append(
         Engine(
@@ -184,7 +193,7 @@ def diagnose(args) -> dict[str, Any]:
     }
     comparisons = []
     ref = args.raw / "pp1-ref.out.json"
-    for other in ("pp3-v1",):
+    for other in ("pp3-v1", "pp3-fix_stream"):
         path = args.raw / f"{other}.out.json"
         if records.get("pp1-ref", {}).get("ok") and records.get(other, {}).get("ok"):
             result = compare_runs(ref, path)
