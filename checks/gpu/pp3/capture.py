@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_STATE: dict[str, Any] = {"on": False, "rows": {}, "hooks": [], "keys": None}
+_STATE: dict[str, Any] = {"on": False, "rows": {}, "hooks": [], "keys": None, "keep": None}
 
 
 def _rank() -> int:
@@ -55,7 +55,12 @@ def _store(name: str, tensor) -> None:
     pos, ids = _STATE["keys"]
     rows = tensor.detach()
     n = min(rows.shape[0], pos.shape[0])
-    _STATE["rows"].setdefault(name, []).append((pos[:n], ids[:n], rows[:n].clone()))
+    pos, ids, rows = pos[:n], ids[:n], rows[:n]
+    if _STATE["keep"] is not None:
+        every, tail_from = _STATE["keep"]
+        kept = ((pos % every) == 0) | (pos >= tail_from)
+        pos, ids, rows = pos[kept], ids[kept], rows[kept]
+    _STATE["rows"].setdefault(name, []).append((pos, ids, rows.clone()))
 
 
 def install_capture(worker) -> dict[str, Any]:
@@ -107,8 +112,12 @@ def install_capture(worker) -> dict[str, Any]:
     return {"rank": _rank(), "layers": [start, end]}
 
 
-def start(worker) -> int:
+def start(worker, keep_every: int = 1, tail_from: int = 0) -> int:
+    """Capture from now on: every row, or (keep_every > 1, for long prompts)
+    the rows whose position is a multiple of keep_every or at least tail_from
+    (the decode steps), so a 20,000-token case fits the host."""
     _STATE["rows"].clear()
+    _STATE["keep"] = (keep_every, tail_from) if keep_every > 1 else None
     _STATE["on"] = True
     return _rank()
 
@@ -509,6 +518,66 @@ def _install_fix_stream(runner) -> None:
     _install_streams(runner)  # wraps outside refresh: it logs the stream before the refresh
 
 
+# --- sensitivity probes: a known wrong answer the comparison must catch -------
+
+SHIFTED_POSITION = 50
+
+
+def _install_boundary_shift(runner) -> None:
+    """At the stage boundary into PP rank 1, hand its first layer the hidden
+    state of the token before for every token at SHIFTED_POSITION (a
+    misaligned intermediate tensor, one row per request)."""
+    from vllm.distributed.parallel_state import get_pp_group
+
+    if get_pp_group().world_size < 2 or get_pp_group().rank_in_group != 1:
+        return
+    model = runner.model
+    for attr in ("language_model", "model"):
+        while hasattr(model, attr) and not hasattr(model, "layers"):
+            model = getattr(model, attr)
+    first = model.layers[model.start_layer]
+
+    def shift(module, args, kwargs):
+        positions = kwargs["positions"]
+        pos = positions[0] if positions.dim() == 2 else positions
+        rows = (pos == SHIFTED_POSITION).nonzero().flatten()
+        rows = rows[rows > 0]
+        if rows.numel() == 0:
+            return None
+        hidden = kwargs["hidden_states"].clone()
+        hidden[rows] = hidden[rows - 1]
+        return args, {**kwargs, "hidden_states": hidden}
+
+    first.register_forward_pre_hook(shift, with_kwargs=True)
+
+
+def _drop_last_selected(indices):
+    """The selected-token index rows with each row's last valid entry set to -1."""
+    out = indices.clone()
+    cols = out[:, :-1]
+    valid = cols >= 0
+    last = valid.long().cumsum(1).eq(valid.long().sum(1, keepdim=True)) & valid
+    cols[last] = -1
+    return out
+
+
+def _install_drop_one_token(runner) -> None:
+    """In the QSA offload path (patch 0021's kernels), drop one selected token
+    per query row, prefill and decode alike."""
+    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+    decode, prefill = qsa_offload.qsa_offload_decode, qsa_offload.qsa_offload_prefill
+
+    def dropped_decode(q, k, v, idx, *args, **kwargs):
+        return decode(q, k, v, _drop_last_selected(idx), *args, **kwargs)
+
+    def dropped_prefill(q, arena, idx, *args, **kwargs):
+        return prefill(q, arena, _drop_last_selected(idx), *args, **kwargs)
+
+    qsa_offload.qsa_offload_decode = dropped_decode
+    qsa_offload.qsa_offload_prefill = dropped_prefill
+
+
 # Trace and candidate-fix probes (install_sync's names): what each installs, in order.
 _PROBES = {
     "trace": (_install_trace,),
@@ -520,4 +589,6 @@ _PROBES = {
     "fix_send": (_install_send_holds_buffers, _install_trace),
     "streams": (_install_streams,),
     "fix_stream": (_install_fix_stream,),
+    "boundary_shift": (_install_boundary_shift,),
+    "drop_one_token": (_install_drop_one_token,),
 }

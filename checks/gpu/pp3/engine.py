@@ -29,6 +29,9 @@ sys.path.insert(0, str(HERE.parent))
 from in_vllm_worker import engine_kwargs as ab_engine_kwargs  # noqa: E402
 from in_vllm_worker import spec_decode_counts  # noqa: E402
 
+# Prompts longer than this are captured thinned (capture.start).
+LONG_PROMPT = 4096
+
 # What the A/B's engines get unless a spec says otherwise (the h200-tiny profiles').
 DEFAULTS = {
     "max_model_len": 24576,
@@ -79,7 +82,9 @@ def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         case = f"{length}x{batch}"
         prompts = prompts_for(length, batch, vocab, spec.get("seed", 7))
         if spec.get("capture"):
-            llm.collective_rpc(capture.start)
+            # Long prompts: every 8th prompt row and every decode row.
+            keep_every = 8 if length > LONG_PROMPT else 1
+            llm.collective_rpc(capture.start, args=(keep_every, length))
         t0 = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         entry: dict[str, Any] = {

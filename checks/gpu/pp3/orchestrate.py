@@ -7,6 +7,13 @@
 PHASE diagnose: the V2-runner crash. PP=3 engines with one sync probe each
 (capture.install_sync), stock and patched, plus PP=1 and the V1 runner with
 layer capture; prints which engines died and how (the device assert lines).
+
+PHASE equality: PP=3 against PP=1, layer by layer (compare.py), in each mode
+of the 3x3090 profile, with the reference's own run-to-run spread and two
+sensitivity runs that must be caught where they act; the PP=1 layer A/B
+(offload against VRAM, PLE file against PLE in VRAM). Engines of one run id
+may be spread over several calls (`--only`): every call compares whatever
+engines of the run have finished, and writes pp3_equality-RUN_ID.json.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from compare import compare_runs, render  # noqa: E402
+from compare import compare_runs, judge, render  # noqa: E402
 
 OFFLOAD_ENV = {
     "VLLM_QSA_KV_OFFLOAD": "1",
@@ -61,6 +68,7 @@ class Engine:
     cases: tuple = ((100, 1), (100, 4), (3000, 1))
     env: dict[str, str] = field(default_factory=dict)
     stock_model: bool = False  # the PLE-off, dummy-weight copy stock can load at PP>1
+    mtp: bool = False  # MTP K=1 with the echo drafter copy (echo_drafter.py)
 
 
 # capture.install_sync's probes: where a sync goes, what is traced, candidate fixes.
@@ -106,13 +114,86 @@ def diagnose_engines() -> list[Engine]:
     return engines
 
 
+# The equality phase's prompts: 100, 3,000 and 20,000 distinct ids, batch 1 and 4.
+EQUALITY_CASES = ((100, 1), (100, 4), (3000, 1), (3000, 4), (20000, 1), (20000, 4))
+SENSITIVITY_CASES = ((100, 1), (3000, 1))
+MTP = {"method": "mtp", "num_speculative_tokens": 1}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way the profile runs the model: graphs, where QSA K/V lives, MTP."""
+
+    name: str
+    graphs: str = "eager"
+    offload: bool = False
+    mtp: bool = False
+    table: bool = True
+
+
+EAGER = Mode("eager-vram")
+PROFILE = Mode("graphs-offload-mtp", graphs="full_decode_only", offload=True, mtp=True)
+EQUALITY_MODES = (EAGER, PROFILE)
+
+
+def mode_engine(name: str, mode: Mode, pp: int, **kw) -> Engine:
+    env = dict(OFFLOAD_ENV) if mode.offload else {}
+    return Engine(
+        name, "patched", pp, graphs=mode.graphs, table=mode.table, capture=True,
+        cases=kw.pop("cases", EQUALITY_CASES), env=env, mtp=mode.mtp, **kw,
+    )  # fmt: skip
+
+
+def equality_engines() -> list[Engine]:
+    engines = []
+    for mode in EQUALITY_MODES:
+        engines.append(mode_engine(f"pp1-{mode.name}", mode, 1))
+        engines.append(mode_engine(f"pp3-{mode.name}", mode, 3))
+    # The reference against itself, its cases in the other order (other KV
+    # blocks for the same prompt): the spread past the indexer budget.
+    engines.append(
+        mode_engine(f"pp1-{EAGER.name}-again", EAGER, 1, cases=EQUALITY_CASES[::-1])
+    )
+    engines.append(
+        mode_engine("pp3-shift", EAGER, 3, sync="boundary_shift", cases=SENSITIVITY_CASES)
+    )
+    # The dropped token acts inside one rank's QSA layer, so PP=1 shows it as well.
+    engines.append(
+        mode_engine("pp1-drop", PROFILE, 1, sync="drop_one_token", cases=SENSITIVITY_CASES)
+    )
+    # The PP=1 layer A/B: offload against VRAM, PLE file against PLE in VRAM.
+    engines.append(mode_engine("pp1-eager-offload", Mode("eager-offload", offload=True), 1))
+    engines.append(mode_engine("pp1-eager-ple-vram", Mode("eager-ple-vram", table=False), 1))
+    return engines
+
+
+# (name, reference, engine, what it is): every comparison of the phase.
+EQUALITY_PAIRS = (
+    ("spread", f"pp1-{EAGER.name}", f"pp1-{EAGER.name}-again", "reference run to run"),
+    *(
+        (f"pp3-{m.name}", f"pp1-{m.name}", f"pp3-{m.name}", f"PP=3 vs PP=1, {m.name}")
+        for m in EQUALITY_MODES
+    ),
+    ("boundary_shift", f"pp1-{EAGER.name}", "pp3-shift", "sensitivity: misaligned row at rank 1"),
+    ("drop_one_token", f"pp1-{PROFILE.name}", "pp1-drop", "sensitivity: a selected token dropped"),
+    ("ab-offload", f"pp1-{EAGER.name}", "pp1-eager-offload", "PP=1 A/B: QSA K/V offloaded"),
+    ("ab-ple-file", "pp1-eager-ple-vram", f"pp1-{EAGER.name}", "PP=1 A/B: PLE from the file"),
+)
+# Where each sensitivity run must be caught: the layer it acts on (QSA layer
+# 3 is the first, on rank 0; layer 4 is rank 1's first).
+EXPECTED_CATCH = {"boundary_shift": "layer.4.", "drop_one_token": "layer.3.qsa"}
+
+
 def spec_for(engine: Engine, args) -> dict[str, Any]:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", **engine.env}
     if engine.pp > 1:
         env |= ONE_GPU_ENV
-    return {
+    model = args.stock_model if engine.stock_model else args.model
+    if engine.mtp:
+        model = args.echo_model
+    spec = {
         "run": engine.name,
-        "model": str(args.stock_model if engine.stock_model else args.model),
+        "model": str(model),
         "load_format": "dummy" if engine.stock_model else None,
         "pp": engine.pp,
         "graphs": engine.graphs,
@@ -122,6 +203,9 @@ def spec_for(engine: Engine, args) -> dict[str, Any]:
         "cases": [list(c) for c in engine.cases],
         "env": env,
     }
+    if engine.mtp:
+        spec["speculative_config"] = MTP
+    return spec
 
 
 def launch(engine: Engine, args) -> dict[str, Any]:
@@ -202,11 +286,86 @@ def diagnose(args) -> dict[str, Any]:
     return {"records": summary, "comparisons": comparisons}
 
 
+def _series_stamp(kit: Path) -> dict[str, Any] | None:
+    """The patched tree's stamp (patches/apply): the series' sha256 and patches."""
+    stamp = kit / "patched" / "vllm" / "_flashnext_patches.json"
+    if not stamp.is_file():
+        return None
+    data = json.loads(stamp.read_text())
+    return {
+        "series_sha256": data.get("series_sha256"),
+        "patches": [p.get("name") for p in data.get("patches", [])],
+    }
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ok": record.get("ok"),
+        "exit": record.get("exit"),
+        "error": record.get("error"),
+        "error_lines": record.get("error_lines"),
+        "startup_s": record.get("startup_s"),
+        "spec_decode": record.get("spec_decode"),
+        "ids": {c: v["output_ids"] for c, v in record.get("cases", {}).items()},
+    }
+
+
+def equality(args) -> dict[str, Any]:
+    """Run this call's engines, then every comparison whose two engines of
+    this run id have finished (in this call or an earlier one)."""
+    engines = {e.name: e for e in equality_engines()}
+    chosen = [e for e in engines.values() if not args.only or e.name in args.only]
+    run_all(chosen, args)
+    finished = {}
+    for name in engines:
+        path = args.raw / f"{name}.out.json"
+        if path.exists():
+            finished[name] = json.loads(path.read_text())
+    done = {n for n, r in finished.items() if r.get("ok")}
+    comparisons: dict[str, Any] = {}
+    for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
+        if ref in done and other in done:
+            spread = comparisons.get("spread") if key != "spread" else None
+            result = compare_runs(
+                args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json", spread
+            )
+            comparisons[key] = result | {"what": what}
+            print(render(result), flush=True)
+    verdicts = judge_all(comparisons)
+    for key, cases in verdicts.items():
+        for case, v in cases.items():
+            print(
+                f"pp3 verdict {key} {case}: equal {v['equal']} "
+                f"first over bound {v['first_layer_over_bound']}",
+                flush=True,
+            )
+    return {
+        "engines": {n: _summary(r) for n, r in finished.items()},
+        "specs": {n: spec_for(engines[n], args) for n in finished},
+        "comparisons": comparisons,
+        "verdicts": verdicts,
+    }
+
+
+def judge_all(comparisons: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each comparison's verdict per case, bounded by the spread where one was run."""
+    spread = comparisons.get("spread", {}).get("cases", {})
+    verdicts: dict[str, dict[str, Any]] = {}
+    for key, result in comparisons.items():
+        verdicts[key] = {
+            case: judge(entry["points"], spread.get(case, {}).get("points"))
+            | {"ids_equal": entry["ids_equal"]}
+            for case, entry in result["cases"].items()
+        }
+    return verdicts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("phase", choices=["diagnose"])
+    parser.add_argument("phase", choices=["diagnose", "equality"])
     for name in ("model", "stock-model", "tables", "kit", "out", "raw"):
         parser.add_argument(f"--{name}", type=Path, required=True)
+    parser.add_argument("--echo-model", type=Path, help="the echo-drafter copy (MTP engines)")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--parallel", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=420)
@@ -215,8 +374,15 @@ def main() -> int:
     args = parser.parse_args()
     args.raw.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"phase": args.phase, "run_id": args.run_id, "emulated": True, "devices": 1}
-    result |= diagnose(args)
+    result = {
+        "phase": args.phase,
+        "run_id": args.run_id,
+        "emulated": True,
+        "devices": 1,
+        "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"),
+        "series": _series_stamp(args.kit),
+    }
+    result |= diagnose(args) if args.phase == "diagnose" else equality(args)
     dest = args.out / f"pp3_{args.phase}-{args.run_id}.json"
     dest.write_text(json.dumps(result, indent=1))
     with tarfile.open(args.out / f"logs-{args.run_id}.tgz", "w:gz") as tar:
