@@ -116,3 +116,94 @@ def test_every_probe_an_engine_asks_for_exists():
     in_place = {"none", "recv", "pre_forward", "post_forward", "sample", "layers"}
     unknown = set(orchestrate.SYNC_PROBES) - in_place - set(capture._PROBES)
     assert unknown == set()
+
+
+def _verdict(first_over, equal=None):
+    return {
+        "equal": first_over is None if equal is None else equal,
+        "first_layer_over_bound": first_over,
+        "layer_max_rel": 0.0 if first_over is None else 0.5,
+        "layer_mean_rel": 0.0 if first_over is None else 0.01,
+        "ids_equal": True,
+    }
+
+
+def _equality_result(verdicts):
+    return {
+        "phase": "equality",
+        "run_id": "t1",
+        "emulated": True,
+        "devices": 1,
+        "cuda_launch_blocking": False,
+        "series": {"series_sha256": "ab" * 32, "patches": ["0001-x.patch"]},
+        "verdicts": verdicts,
+    }
+
+
+def test_contract_reports_each_mode_case_and_where_the_sensitivity_runs_were_caught(tmp_path):
+    import contract
+
+    verdicts = {
+        "pp3-eager-vram": {"100x1": _verdict(None), "3000x4": _verdict("layer.3.qsa")},
+        "pp3-graphs-offload-mtp": {"100x4": _verdict(None)},
+        "boundary_shift": {"100x1": _verdict("layer.4.gdn"), "3000x1": _verdict("layer.4.gdn")},
+        # Caught, but one layer late in one case: not where it acts.
+        "drop_one_token": {"100x1": _verdict("layer.3.qsa"), "3000x1": _verdict("layer.3.moe")},
+        "ab-offload": {"100x1": _verdict(None)},
+    }
+    serve = {"serve": {"health": True, "smoke": True, "bench_c1_tok_s": 10.0,
+                       "bench_c4_tok_s": 30.0, "clean_stop": True, "mtp_acceptance": 0.5}}  # fmt: skip
+    pp3, ab = contract.build(_equality_result(verdicts), serve, ["checks/gpu/pp3/run equality t1"])
+    assert (pp3["pp_size"], pp3["devices"], pp3["emulated"]) == (3, 1, True)
+    assert pp3["cuda_launch_blocking"] is False and pp3["series_sha256"] == "ab" * 32
+    runs = {(r["mode"], r["prompt_tokens"], r["batch"]): r for r in pp3["runs"]}
+    assert runs[("eager-vram", 100, 1)]["equal_to_pp1"] is True
+    over = runs[("eager-vram", 3000, 4)]
+    assert over["equal_to_pp1"] is False and over["first_layer_over_bound"] == "layer.3.qsa"
+    assert runs[("graphs-offload-mtp", 100, 4)]["graphs"] == "full_decode_only"
+    assert pp3["sensitivity"] == {"drop_one_token_caught": False, "boundary_shift_caught": True}
+    assert pp3["serve"]["bench_c4_tok_s"] == 30.0 and pp3["serve"]["mtp_acceptance"] == 0.5
+    assert ab["pp_size"] == 1 and [r["mode"] for r in ab["runs"]] == ["QSA K/V offloaded vs VRAM"]
+
+
+def test_contract_refuses_a_serve_result_without_the_serve_block(tmp_path):
+    import contract
+
+    with pytest.raises(SystemExit, match="lacks"):
+        contract.build(_equality_result({}), {"steps": []}, ["x"])
+    equality = tmp_path / "eq.json"
+    equality.write_text(json.dumps(_equality_result({})))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert contract.main([str(equality), "--command", "c", "--out-dir", str(out)]) == 0
+    written = json.loads((out / "pp3-t1.json").read_text())
+    assert written["serve"] is None and written["sensitivity"]["boundary_shift_caught"] is None
+
+
+def _point(strict_max=0.0, strict_mean=0.0, loose_max=0.0, loose_mean=0.0):
+    return {
+        "tokens": 10, "max_rel": max(strict_max, loose_max), "mean_rel": strict_mean,
+        "clean_row_max_rel": strict_max, "clean_row_mean_rel": strict_mean,
+        "loose_row_max_rel": loose_max, "loose_row_mean_rel": loose_mean,
+    }  # fmt: skip
+
+
+def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_spread():
+    import compare
+
+    spread = {"layer.3.qsa": {"max_rel": 0.3, "max_row_mean_rel": 0.01}}
+    rounding = compare.BF16_ROW_MEAN / 2
+    within = {"layer.2.gdn": _point(strict_mean=rounding), "layer.3.qsa": _point(loose_max=0.5)}
+    verdict = compare.judge(within, spread)
+    assert verdict["equal"] is True and verdict["first_layer_over_bound"] is None
+    # Past the spread's parting, twice the spread is the limit.
+    assert compare.judge({"layer.3.qsa": _point(loose_max=0.7)}, spread)[
+        "first_layer_over_bound"
+    ] == "layer.3.qsa"
+    # Before it, the spread does not excuse anything.
+    late = {"layer.2.gdn": _point(), "layer.3.qsa": _point(strict_mean=4 * compare.BF16_ROW_MEAN)}
+    assert compare.judge(late, spread)["first_layer_over_bound"] == "layer.3.qsa"
+    # The first point over its bound is named, not a later one.
+    both = {"layer.1.moe": _point(strict_max=1.0), "layer.3.qsa": _point(strict_max=1.0)}
+    assert compare.judge(both)["first_layer_over_bound"] == "layer.1.moe"
+    assert compare.judge({})["equal"] is False  # nothing compared proves nothing

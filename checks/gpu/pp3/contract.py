@@ -1,0 +1,137 @@
+"""Issue 24's results contract, from what the GPU host wrote.
+
+    python checks/gpu/pp3/contract.py EQUALITY_JSON [--serve SERVE_JSON]
+        --command CMD [--command CMD ...] --out-dir checks/gpu/results
+
+EQUALITY_JSON is orchestrate.py's `pp3_equality-RUN.json`; SERVE_JSON the
+`serve-tiny.json` of the launcher serving PP=3 (checks/gpu/serve-tiny in its
+PP=3 mode). Writes `pp3-RUN.json` (PP=3 against PP=1 in each mode, the two
+sensitivity runs, the launcher's serve) and `layer_ab-RUN.json` (the PP=1
+offload and PLE-file A/B, layer by layer), each with the commands that made
+it. Runs on the host's python (stdlib only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from orchestrate import EQUALITY_MODES, EXPECTED_CATCH  # noqa: E402
+
+TORCH_NOTE = (
+    "our pinned vLLM 0.33.0 on the H200 host's torch 2.11.0+cu130, not the pinned torch 2.14"
+)
+PP3_COMPARISONS = {f"pp3-{m.name}": m for m in EQUALITY_MODES}
+AB_COMPARISONS = {"ab-offload": "QSA K/V offloaded vs VRAM", "ab-ple-file": "PLE file vs VRAM"}
+SERVE_KEYS = ("health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s", "clean_stop")
+
+
+def _case(case: str) -> tuple[int, int]:
+    tokens, batch = case.split("x")
+    return int(tokens), int(batch)
+
+
+def runs_of(verdicts: dict[str, Any], key: str, mode: str, graphs: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "mode": mode,
+            "graphs": graphs,
+            "prompt_tokens": _case(case)[0],
+            "batch": _case(case)[1],
+            "equal_to_pp1": v["equal"],
+            "layer_max_rel": v["layer_max_rel"],
+            "layer_mean_rel": v["layer_mean_rel"],
+            "first_layer_over_bound": v["first_layer_over_bound"],
+            "ids_equal": v["ids_equal"],
+        }
+        for case, v in sorted(verdicts.get(key, {}).items(), key=lambda kv: _case(kv[0]))
+    ]
+
+
+def caught(verdicts: dict[str, Any], key: str) -> bool | None:
+    """Caught where it acts in every case it ran (None: it did not run)."""
+    cases = verdicts.get(key)
+    if not cases:
+        return None
+    return all(
+        (v["first_layer_over_bound"] or "").startswith(EXPECTED_CATCH[key]) for v in cases.values()
+    )
+
+
+def serve_block(serve: dict[str, Any] | None) -> dict[str, Any] | None:
+    if serve is None:
+        return None
+    block = serve.get("serve", {})
+    missing = [k for k in SERVE_KEYS if k not in block]
+    if missing:
+        raise SystemExit(f"contract: the serve result lacks {missing}; was it the PP=3 mode?")
+    return dict(block)  # the five keys, and what else it measured (MTP acceptance)
+
+
+def common(equality: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+    series = equality.get("series") or {}
+    return {
+        "run_id": equality["run_id"],
+        "devices": equality["devices"],
+        "emulated": equality["emulated"],
+        "series_sha256": series.get("series_sha256"),
+        "patches": series.get("patches"),
+        "cuda_launch_blocking": equality["cuda_launch_blocking"],
+        "software": TORCH_NOTE,
+        "commands": commands,
+    }
+
+
+def build(
+    equality: dict[str, Any], serve: dict[str, Any] | None, commands: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    verdicts = equality["verdicts"]
+    pp3 = {"pp_size": 3} | common(equality, commands)
+    pp3["runs"] = [
+        run
+        for key, mode in PP3_COMPARISONS.items()
+        for run in runs_of(verdicts, key, mode.name, mode.graphs)
+    ]
+    pp3["sensitivity"] = {
+        "drop_one_token_caught": caught(verdicts, "drop_one_token"),
+        "boundary_shift_caught": caught(verdicts, "boundary_shift"),
+    }
+    pp3["spread"] = runs_of(verdicts, "spread", "eager-vram run to run", "eager")
+    pp3["serve"] = serve_block(serve)
+    ab = {"pp_size": 1} | common(equality, commands)
+    ab["runs"] = [
+        run for key, what in AB_COMPARISONS.items() for run in runs_of(verdicts, key, what, "eager")
+    ]
+    return pp3, ab
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("equality", type=Path)
+    parser.add_argument("--serve", type=Path)
+    parser.add_argument("--command", action="append", required=True, dest="commands")
+    parser.add_argument("--out-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    equality = json.loads(args.equality.read_text())
+    if equality.get("phase") != "equality":
+        print(f"contract: {args.equality} is not an equality phase result", file=sys.stderr)
+        return 2
+    serve = json.loads(args.serve.read_text()) if args.serve else None
+    pp3, ab = build(equality, serve, args.commands)
+    for name, data in ((f"pp3-{pp3['run_id']}.json", pp3), (f"layer_ab-{ab['run_id']}.json", ab)):
+        dest = args.out_dir / name
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(dest)
+        print(f"contract: wrote {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
