@@ -12,6 +12,15 @@ interleaves requests across steps) are still compared token by token:
                                        boundary, so that is what is comparable)
     final                              the inner model's output (last rank)
 
+At the layers that start a PP=3 rank (4 and 8 of 12), in PP=1 and PP=3 alike:
+
+    layer.N.in         the layer's input, materialized (PP=3: what the rank
+                       received; PP=1: the pending combine, done here)
+    layer.N.mix        the block input the HC module mixes from that
+                       materialized input: what PP=3 computes
+    layer.N.mix_fused  PP=1 only: the block input as PP=1 computes it, the
+                       combine fused with the HC norm (hc_combine_norm)
+
 A token's key is (position, input id): prompts are distinct random ids, and a
 key seen twice in one engine (a collision or a padded row) is dropped by the
 comparison. Captured rows are cloned on the GPU in the forward's stream (no
@@ -92,9 +101,32 @@ def install_capture(worker) -> dict[str, Any]:
 
         return hook
 
+    def boundary_pre(index):
+        def hook(module, args, kwargs):
+            if not _STATE["on"]:
+                return
+            hidden = kwargs["hidden_states"]
+            block_output, injection = kwargs.get("prev_block_output"), kwargs.get("prev_injection")
+            attn_hc = module.attn_hyper_connection
+            if block_output is not None:
+                hidden = model.layers[index - 1].mlp_hyper_connection.combine(
+                    hidden, block_output, injection
+                )
+                fused = attn_hc.combine_and_mix(kwargs["hidden_states"], block_output, injection)
+                _store(f"layer.{index}.mix_fused", fused[1])
+            _store(f"layer.{index}.in", hidden)
+            _store(f"layer.{index}.mix", attn_hc.mix(hidden)[1])
+
+        return hook
+
+    from vllm.distributed.utils import get_pp_indices
+
+    boundaries = {get_pp_indices(len(model.layers), rank, 3)[0] for rank in (1, 2)}
     for index in range(start, end):
         layer = model.layers[index]
         hooks.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
+        if index in boundaries and getattr(layer, "ple", None) is None:
+            hooks.append(layer.register_forward_pre_hook(boundary_pre(index), with_kwargs=True))
         hooks.append(layer.register_forward_hook(layer_post(index), with_kwargs=True))
         for attr, tag in (
             ("linear_attn", "gdn"),
@@ -109,7 +141,7 @@ def install_capture(worker) -> dict[str, Any]:
 
     if get_pp_group().is_last_rank:
         hooks.append(model.register_forward_hook(lambda m, a, out: _store("final", out)))
-    return {"rank": _rank(), "layers": [start, end]}
+    return {"rank": _rank(), "layers": [start, end], "boundaries": sorted(boundaries)}
 
 
 def start(worker, keep_every: int = 1, tail_from: int = 0) -> int:

@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-POINT_ORDER = ("ple", "gdn", "qsa", "moe", "out")
+POINT_ORDER = ("in", "mix", "mix_fused", "ple", "gdn", "qsa", "moe", "out")
 
 # Per row: |a - b| / mean|a|. One bf16 ulp is 2^-8 relative; a row's mean
 # difference above that, or its largest element off by 16 ulps of the row's
@@ -161,6 +161,22 @@ def judge(points: dict[str, dict], spread: dict[str, dict] | None = None) -> dic
         "layer_max_rel": max((s["max_rel"] for s in judged), default=None),
         "layer_mean_rel": max((s["mean_rel"] for s in judged), default=None),
     }
+
+
+def boundary_paths(out_json: Path) -> dict[str, dict[str, Any]]:
+    """Within one PP=1 engine, per case: at each layer that starts a PP=3 rank,
+    the block input PP=1 computes (combine fused with the HC norm) against
+    the one PP=3 computes from the materialized input (combine, then norm)."""
+    record = json.loads(out_json.read_text())
+    found: dict[str, dict[str, Any]] = {}
+    for case in record.get("cases", {}):
+        points = load_case(out_json, case)
+        for name in sorted(points, key=_order):
+            if name.endswith(".mix_fused"):
+                split = name.removesuffix("_fused")
+                if split in points:
+                    found.setdefault(case, {})[split] = compare_point(points[name], points[split])
+    return found
 
 
 def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from compare import compare_runs, judge, render  # noqa: E402
+from compare import boundary_paths, compare_runs, judge, render  # noqa: E402
 
 OFFLOAD_ENV = {
     "VLLM_QSA_KV_OFFLOAD": "1",
@@ -332,6 +332,20 @@ def equality(args) -> dict[str, Any]:
             comparisons[key] = result | {"what": what}
             print(render(result), flush=True)
     verdicts = judge_all(comparisons)
+    # Does PP=1's fused boundary path round like PP=3's split one?
+    paths = {
+        name: boundary_paths(args.raw / f"{name}.out.json")
+        for name in sorted(done)
+        if finished[name]["spec"]["pp"] == 1
+    }
+    for name, cases in paths.items():
+        for case, points in cases.items():
+            for point, r in points.items():
+                print(
+                    f"pp3 boundary {name} {case} {point}: fused vs split identical "
+                    f"{r.get('identical_frac')} first parting {r.get('first_parting_position')}",
+                    flush=True,
+                )
     for key, cases in verdicts.items():
         for case, v in cases.items():
             print(
@@ -344,6 +358,7 @@ def equality(args) -> dict[str, Any]:
         "specs": {n: spec_for(engines[n], args) for n in finished},
         "comparisons": comparisons,
         "verdicts": verdicts,
+        "boundary_paths": paths,
     }
 
 
