@@ -19,7 +19,9 @@ accepted-count scatter (run by Triton's own interpreter: this host has no
 GPU), `MambaHybridModelState.postprocess_state` and
 `Qwen4ExpModelState._prepare_ngram_context`.
 
-Replayed, not real: CUDA streams/events (no-ops; one thread here), the
+Replayed, not real: CUDA streams/events (cuda_stream_replay.py: logged,
+never waited on; one thread here; vLLM's current_stream() returns the stream
+it makes on a CUDA worker, which patch 0005's handler waits on), the
 broadcast itself (the last rank's tensors are recorded and handed to rank
 0's receive, which must ask for the same shapes and dtypes in the same
 order), and the per-request buffers (plain CPU tensors of RequestState's
@@ -28,12 +30,12 @@ shapes and dtypes; RequestState pins host memory, which needs a driver).
 
 from __future__ import annotations
 
-import contextlib
 import types
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from cuda_stream_replay import cuda_worker_stream, install
 
 PP_SIZE = 3
 LAST = PP_SIZE - 1
@@ -66,23 +68,6 @@ def _interpreted(kernel):
         if "constexpr" in repr(ann) or "constexpr" in str(ann)
     }
     return InterpretedFunction(body)
-
-
-class _Stream:
-    def __init__(self, device=None) -> None:
-        self.device = device
-
-    def wait_stream(self, other) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def record_event(self):
-        return object()
-
-    def synchronize(self) -> None:
-        pass
 
 
 class Wire:
@@ -138,10 +123,8 @@ def v2(monkeypatch: pytest.MonkeyPatch):
     import triton
 
     monkeypatch.setattr(input_batch, "triton", triton)  # next_power_of_2
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    install(monkeypatch)
+    cuda_worker_stream(monkeypatch)
     wire = Wire()
     monkeypatch.setattr(torch.distributed, "broadcast", wire.broadcast)
     return SimpleNamespace(pp_utils=pp_utils, wire=wire, monkeypatch=monkeypatch)
