@@ -391,7 +391,7 @@ def _install_recv_on_main_stream(runner) -> None:
 
     def from_main_stream(input_batch):
         n, width = input_batch.num_reqs, handler._sample_len(input_batch)
-        with torch.cuda.stream(handler.main_stream):
+        with torch.cuda.stream(torch.cuda.current_stream(handler.device)):
             return [
                 torch.empty(n, width, dtype=torch.int64, device=handler.device),
                 torch.empty(2, n, dtype=torch.int32, device=handler.device),
@@ -491,10 +491,12 @@ def _stream_report(handler) -> str:
 
     current = torch.cuda.current_stream(handler.device).cuda_stream
     default = torch.cuda.default_stream(handler.device).cuda_stream
-    held = handler.main_stream.cuda_stream
+    held = getattr(handler, "main_stream", None)
+    if held is None:  # patch 0005: the handler looks the stream up at each call
+        return f"handler.main_stream none current {current:#x} default {default:#x}"
     return (
-        f"handler.main_stream {held:#x} current {current:#x} default {default:#x} "
-        f"same {held == current}"
+        f"handler.main_stream {held.cuda_stream:#x} current {current:#x} "
+        f"default {default:#x} same {held.cuda_stream == current}"
     )
 
 
