@@ -191,7 +191,14 @@ def _point(strict_max=0.0, strict_mean=0.0, loose_max=0.0, loose_mean=0.0):
 def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_spread():
     import compare
 
-    spread = {"layer.3.qsa": {"max_rel": 0.3, "max_row_mean_rel": 0.01}}
+    one_case = {"tokens": 5, "max_rel": 0.3, "max_row_mean_rel": 0.01}
+    other_case = {"tokens": 5, "max_rel": 0.1, "max_row_mean_rel": 0.02}
+    spread = compare.spread_bounds(
+        {"3000x1": {"points": {"layer.3.qsa": one_case}},
+         "100x1": {"points": {"layer.3.qsa": other_case}}}
+    )  # fmt: skip
+    # The largest spread over the cases, per statistic, times the margin.
+    assert spread == {"layer.3.qsa": (0.6, 0.04)}
     rounding = compare.BF16_ROW_MEAN / 2
     within = {"layer.2.gdn": _point(strict_mean=rounding), "layer.3.qsa": _point(loose_max=0.5)}
     verdict = compare.judge(within, spread)
@@ -207,3 +214,42 @@ def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_
     both = {"layer.1.moe": _point(strict_max=1.0), "layer.3.qsa": _point(strict_max=1.0)}
     assert compare.judge(both)["first_layer_over_bound"] == "layer.1.moe"
     assert compare.judge({})["equal"] is False  # nothing compared proves nothing
+
+
+BOUNDARY = """
+import json, sys, torch
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from compare import compare_case, judge
+pos, ids = torch.arange(10), torch.arange(100, 110)
+rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(1))
+def point(x):
+    return (pos, ids, x)
+rounded = rows.clone()
+rounded[5, 0] = rounded[5, 0] * (1 + 2**-8)   # one element, one bf16 ulp
+later = rows.clone()
+later[5:] += 0.5                               # what a recurrent layer makes of it
+# Layer 1 starts a rank in the other engine: the reference fused its combine
+# into the norm (mix_fused), the other mixed the materialized input (mix).
+ref = {"layer.0.out": point(rows), "layer.1.mix": point(rows),
+       "layer.1.mix_fused": point(rounded), "layer.1.gdn": point(rows)}
+other = {"layer.0.out": point(rows), "layer.1.mix": point(rows), "layer.1.gdn": point(later)}
+points = compare_case(ref, other)
+print(json.dumps({"points": points, "verdict": judge(points),
+                  "wrong": judge(compare_case(ref | {"layer.1.mix_fused": point(rows)}, other))}))
+"""
+
+
+def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_later(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", BOUNDARY, str(PP3)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    block = result["points"]["layer.1.block_input"]
+    assert block["first_parting_position"] == 5 and block["clean_row_max_rel"] < 0.05
+    gdn = result["points"]["layer.1.gdn"]
+    assert gdn["clean_before"] == 5 and gdn["clean_tokens"] == 5
+    assert result["verdict"]["equal"] is True
+    # Had both block inputs been the same, the later rows would be judged: caught.
+    assert result["wrong"]["first_layer_over_bound"] == "layer.1.gdn"

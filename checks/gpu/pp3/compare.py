@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-POINT_ORDER = ("in", "mix", "mix_fused", "ple", "gdn", "qsa", "moe", "out")
+POINT_ORDER = ("in", "mix", "mix_fused", "block_input", "ple", "gdn", "qsa", "moe", "out")
 
 # Per row: |a - b| / mean|a|. One bf16 ulp is 2^-8 relative; a row's mean
 # difference above that, or its largest element off by 16 ulps of the row's
@@ -124,28 +124,74 @@ def compare_case(
     its input's first parting (the previous layer's `out`; `final` after the
     last layer's). spread: the reference's points against itself."""
     points: dict[str, dict] = {}
-    parted_at: dict[int, int | None] = {}  # layer -> first parting of its out
-    for name in sorted(set(ca) & set(cb), key=_order):
+    # layer -> first parting of what the next layers get: its out, and at a
+    # layer that starts a rank in one engine only, the block input it mixes.
+    parted_at: dict[float, int | None] = {}
+    for name in sorted(set(ca) & set(cb) | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
+        if name.split(".")[-1] in ("ple", "gdn", "qsa", "moe", "out"):
+            inputs += [p for l_, p in parted_at.items() if l_ == layer + 0.5]
         firsts = [p for p in inputs if p is not None]
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
-        points[name] = compare_point(ca[name], cb[name], clean_before, loose_from)
+        a, b = _pair(name, ca, cb)
+        points[name] = compare_point(a, b, clean_before, loose_from)
         if name.endswith(".out") and layer is not None:
             parted_at[layer] = points[name].get("first_parting_position")
+        if name.endswith(".block_input"):
+            parted_at[layer + 0.5] = points[name].get("first_parting_position")
     return points
 
 
-def judge(points: dict[str, dict], spread: dict[str, dict] | None = None) -> dict[str, Any]:
-    """The first point over its bound, and the largest differences seen."""
+def _block_inputs(ca: dict, cb: dict) -> set[str]:
+    """`layer.N.block_input` where the reference fused its boundary path
+    (mix_fused) and the other engine started a rank there (mix only)."""
+    return {
+        name.removesuffix(".mix_fused") + ".block_input"
+        for name in ca
+        if name.endswith(".mix_fused") and name not in cb and name.removesuffix("_fused") in cb
+    }
+
+
+def _pair(name: str, ca: dict, cb: dict) -> tuple[tuple, tuple]:
+    """The two captures a point compares: the reference's fused block input
+    against the other's mix for `block_input`, else the same name."""
+    if name.endswith(".block_input"):
+        stem = name.removesuffix(".block_input")
+        return ca[f"{stem}.mix_fused"], cb[f"{stem}.mix"]
+    return ca[name], cb[name]
+
+
+def spread_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per point, the reference's largest spread over all its cases (row max,
+    row mean), times SPREAD_MARGIN: one run's spread is one draw of a
+    tie-sensitive process, the cases together are the declared bound."""
+    bounds: dict[str, tuple[float, float]] = {}
+    for entry in spread_cases.values():
+        for name, s in entry["points"].items():
+            if not s.get("tokens"):
+                continue
+            old = bounds.get(name, (0.0, 0.0))
+            bounds[name] = (
+                max(old[0], SPREAD_MARGIN * s["max_rel"]),
+                max(old[1], SPREAD_MARGIN * s["max_row_mean_rel"]),
+            )
+    return bounds
+
+
+def judge(
+    points: dict[str, dict], bounds: dict[str, tuple[float, float]] | None = None
+) -> dict[str, Any]:
+    """The first point over its bound, and the largest differences seen.
+    bounds: spread_bounds() of the reference's spread, for the loose rows."""
     first_over = None
     for name, s in points.items():
         if not s.get("tokens"):
             continue
-        ref = (spread or {}).get(name, {})
-        bound_max = max(BF16_ROW_MAX, SPREAD_MARGIN * ref.get("max_rel", 0.0))
-        bound_mean = max(BF16_ROW_MEAN, SPREAD_MARGIN * ref.get("max_row_mean_rel", 0.0))
+        spread_max, spread_mean = (bounds or {}).get(name, (0.0, 0.0))
+        bound_max = max(BF16_ROW_MAX, spread_max)
+        bound_mean = max(BF16_ROW_MEAN, spread_mean)
         over = (
             s["clean_row_max_rel"] > BF16_ROW_MAX
             or s["clean_row_mean_rel"] > BF16_ROW_MEAN

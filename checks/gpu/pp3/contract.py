@@ -27,7 +27,10 @@ from orchestrate import EQUALITY_MODES, EXPECTED_CATCH  # noqa: E402
 TORCH_NOTE = (
     "our pinned vLLM 0.33.0 on the H200 host's torch 2.11.0+cu130, not the pinned torch 2.14"
 )
-PP3_COMPARISONS = {f"pp3-{m.name}": m for m in EQUALITY_MODES}
+# key -> (mode, new tokens per request)
+PP3_COMPARISONS = {f"pp3-{m.name}": (m, 8) for m in EQUALITY_MODES} | {
+    f"pp3-{m.name}-prefill4": (m, 1) for m in EQUALITY_MODES
+}
 AB_COMPARISONS = {"ab-offload": "QSA K/V offloaded vs VRAM", "ab-ple-file": "PLE file vs VRAM"}
 SERVE_KEYS = ("health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s", "clean_stop")
 
@@ -37,13 +40,16 @@ def _case(case: str) -> tuple[int, int]:
     return int(tokens), int(batch)
 
 
-def runs_of(verdicts: dict[str, Any], key: str, mode: str, graphs: str) -> list[dict[str, Any]]:
+def runs_of(
+    verdicts: dict[str, Any], key: str, mode: str, graphs: str, new_tokens: int = 8
+) -> list[dict[str, Any]]:
     return [
         {
             "mode": mode,
             "graphs": graphs,
             "prompt_tokens": _case(case)[0],
             "batch": _case(case)[1],
+            "new_tokens": new_tokens,
             "equal_to_pp1": v["equal"],
             "layer_max_rel": v["layer_max_rel"],
             "layer_mean_rel": v["layer_mean_rel"],
@@ -95,8 +101,8 @@ def build(
     pp3 = {"pp_size": 3} | common(equality, commands)
     pp3["runs"] = [
         run
-        for key, mode in PP3_COMPARISONS.items()
-        for run in runs_of(verdicts, key, mode.name, mode.graphs)
+        for key, (mode, new_tokens) in PP3_COMPARISONS.items()
+        for run in runs_of(verdicts, key, mode.name, mode.graphs, new_tokens)
     ]
     pp3["sensitivity"] = {
         "drop_one_token_caught": caught(verdicts, "drop_one_token"),

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from compare import boundary_paths, compare_runs, judge, render  # noqa: E402
+from compare import boundary_paths, compare_runs, judge, render, spread_bounds  # noqa: E402
 
 OFFLOAD_ENV = {
     "VLLM_QSA_KV_OFFLOAD": "1",
@@ -69,6 +69,7 @@ class Engine:
     env: dict[str, str] = field(default_factory=dict)
     stock_model: bool = False  # the PLE-off, dummy-weight copy stock can load at PP>1
     mtp: bool = False  # MTP K=1 with the echo drafter copy (echo_drafter.py)
+    new_tokens: int = 8
 
 
 # capture.install_sync's probes: where a sync goes, what is traced, candidate fixes.
@@ -117,6 +118,13 @@ def diagnose_engines() -> list[Engine]:
 # The equality phase's prompts: 100, 3,000 and 20,000 distinct ids, batch 1 and 4.
 EQUALITY_CASES = ((100, 1), (100, 4), (3000, 1), (3000, 4), (20000, 1), (20000, 4))
 SENSITIVITY_CASES = ((100, 1), (3000, 1))
+# Batch 4 of long prompts, prefill only. With decode steps in the mix the two
+# engines split the later prompts into different chunks (at PP=3 a running
+# request decodes every pp_size steps, at PP=1 every step, and each decode
+# takes a token of the 512-token budget), and a recurrent GDN layer rounds a
+# different split differently. With one new token nothing decodes: both
+# engines fill every step with 512 prompt tokens in the same order.
+PREFILL_BATCH_CASES = ((3000, 4), (20000, 4))
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
 
 
@@ -149,6 +157,14 @@ def equality_engines() -> list[Engine]:
     for mode in EQUALITY_MODES:
         engines.append(mode_engine(f"pp1-{mode.name}", mode, 1))
         engines.append(mode_engine(f"pp3-{mode.name}", mode, 3))
+    for mode in EQUALITY_MODES:
+        for pp in (1, 3):
+            engines.append(
+                mode_engine(
+                    f"pp{pp}-{mode.name}-prefill4", mode, pp, cases=PREFILL_BATCH_CASES,
+                    new_tokens=1,
+                )  # fmt: skip
+            )
     # The reference against itself, its cases in the other order (other KV
     # blocks for the same prompt): the spread past the indexer budget.
     engines.append(
@@ -174,6 +190,11 @@ EQUALITY_PAIRS = (
         (f"pp3-{m.name}", f"pp1-{m.name}", f"pp3-{m.name}", f"PP=3 vs PP=1, {m.name}")
         for m in EQUALITY_MODES
     ),
+    *(
+        (f"pp3-{m.name}-prefill4", f"pp1-{m.name}-prefill4", f"pp3-{m.name}-prefill4",
+         f"PP=3 vs PP=1, {m.name}, batch 4 prefill only")
+        for m in EQUALITY_MODES
+    ),  # fmt: skip
     ("boundary_shift", f"pp1-{EAGER.name}", "pp3-shift", "sensitivity: misaligned row at rank 1"),
     ("drop_one_token", f"pp1-{PROFILE.name}", "pp1-drop", "sensitivity: a selected token dropped"),
     ("ab-offload", f"pp1-{EAGER.name}", "pp1-eager-offload", "PP=1 A/B: QSA K/V offloaded"),
@@ -201,6 +222,7 @@ def spec_for(engine: Engine, args) -> dict[str, Any]:
         "sync": engine.sync,
         "capture": engine.capture,
         "cases": [list(c) for c in engine.cases],
+        "max_new_tokens": engine.new_tokens,
         "env": env,
     }
     if engine.mtp:
@@ -364,11 +386,11 @@ def equality(args) -> dict[str, Any]:
 
 def judge_all(comparisons: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each comparison's verdict per case, bounded by the spread where one was run."""
-    spread = comparisons.get("spread", {}).get("cases", {})
+    bounds = spread_bounds(comparisons.get("spread", {}).get("cases", {}))
     verdicts: dict[str, dict[str, Any]] = {}
     for key, result in comparisons.items():
         verdicts[key] = {
-            case: judge(entry["points"], spread.get(case, {}).get("points"))
+            case: judge(entry["points"], None if key == "spread" else bounds)
             | {"ids_equal": entry["ids_equal"]}
             for case, entry in result["cases"].items()
         }
