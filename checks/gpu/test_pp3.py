@@ -253,3 +253,39 @@ def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_l
     assert result["verdict"]["equal"] is True
     # Had both block inputs been the same, the later rows would be judged: caught.
     assert result["wrong"]["first_layer_over_bound"] == "layer.1.gdn"
+
+
+THINNED = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import capture
+from compare import FINGERPRINT, compare_case
+pos, ids = torch.arange(40), torch.arange(500, 540)
+rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(2)).bfloat16()
+other_rows = rows.clone()
+other_rows[13] += 1     # a row the thinned capture leaves out
+def thinned(x):
+    capture._STATE.update(on=True, keys=(pos, ids), keep=(8, 40), rows={})
+    capture._store("layer.0.out", x)
+    return {n: (torch.cat([p for p, _, _ in v]), torch.cat([i for _, i, _ in v]),
+                torch.cat([r for _, _, r in v]) if n.endswith(FINGERPRINT)
+                else torch.cat([r for _, _, r in v]).float())
+            for n, v in capture._STATE["rows"].items()}
+a, b = thinned(rows), thinned(other_rows)
+same = thinned(rows.clone())
+print(json.dumps({"kept": int(a["layer.0.out"][0].numel()),
+                  "parted": compare_case(a, b)["layer.0.out"],
+                  "same": compare_case(a, same)["layer.0.out"]}))
+"""
+
+
+def test_a_thinned_capture_still_finds_where_rows_it_left_out_part(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", THINNED, str(PP3)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["kept"] == 5  # positions 0, 8, 16, 24, 32
+    assert result["parted"]["max_rel"] == 0.0  # the kept rows are equal ...
+    assert result["parted"]["first_parting_position"] == 13  # ... the left-out row 13 is not
+    assert result["same"]["first_parting_position"] is None

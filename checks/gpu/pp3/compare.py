@@ -57,6 +57,18 @@ def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
     return {k: v for k, v in seen.items() if k not in dup}
 
 
+FINGERPRINT = "#fp"  # capture.py: rows left out of a long prompt, as exact fingerprints
+
+
+def first_fingerprint_parting(a: tuple | None, b: tuple | None) -> int | None:
+    """The first position whose row fingerprints differ (rows both engines hold)."""
+    if a is None or b is None:
+        return None
+    ua, ub = _unique_rows(*a), _unique_rows(*b)
+    parted = [k[0] for k in set(ua) & set(ub) if int(a[2][ua[k]][0]) != int(b[2][ub[k]][0])]
+    return min(parted) if parted else None
+
+
 def compare_point(
     a: tuple, b: tuple, clean_before: int | None = None, loose_from: int | None = None
 ) -> dict[str, Any]:
@@ -127,7 +139,8 @@ def compare_case(
     # layer -> first parting of what the next layers get: its out, and at a
     # layer that starts a rank in one engine only, the block input it mixes.
     parted_at: dict[float, int | None] = {}
-    for name in sorted(set(ca) & set(cb) | _block_inputs(ca, cb), key=_order):
+    names = {n for n in set(ca) & set(cb) if not n.endswith(FINGERPRINT)}
+    for name in sorted(names | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
         if name.split(".")[-1] in ("ple", "gdn", "qsa", "moe", "out"):
@@ -137,6 +150,13 @@ def compare_case(
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
         points[name] = compare_point(a, b, clean_before, loose_from)
+        # A long prompt's rows left out of the capture may part first.
+        fa, fb = _pair(name, ca, cb, suffix=FINGERPRINT)
+        unseen = first_fingerprint_parting(fa, fb)
+        seen = points[name].get("first_parting_position")
+        if unseen is not None and (seen is None or unseen < seen):
+            points[name]["first_parting_position"] = unseen
+            points[name]["first_parting_unkept"] = True
         if name.endswith(".out") and layer is not None:
             parted_at[layer] = points[name].get("first_parting_position")
         if name.endswith(".block_input"):
@@ -154,13 +174,14 @@ def _block_inputs(ca: dict, cb: dict) -> set[str]:
     }
 
 
-def _pair(name: str, ca: dict, cb: dict) -> tuple[tuple, tuple]:
+def _pair(name: str, ca: dict, cb: dict, suffix: str = "") -> tuple:
     """The two captures a point compares: the reference's fused block input
-    against the other's mix for `block_input`, else the same name."""
+    against the other's mix for `block_input`, else the same name (None
+    where one engine lacks it, e.g. fingerprints of a short prompt)."""
     if name.endswith(".block_input"):
         stem = name.removesuffix(".block_input")
-        return ca[f"{stem}.mix_fused"], cb[f"{stem}.mix"]
-    return ca[name], cb[name]
+        return ca.get(f"{stem}.mix_fused{suffix}"), cb.get(f"{stem}.mix{suffix}")
+    return ca.get(name + suffix), cb.get(name + suffix)
 
 
 def spread_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
@@ -221,7 +242,14 @@ def boundary_paths(out_json: Path) -> dict[str, dict[str, Any]]:
             if name.endswith(".mix_fused"):
                 split = name.removesuffix("_fused")
                 if split in points:
-                    found.setdefault(case, {})[split] = compare_point(points[name], points[split])
+                    result = compare_point(points[name], points[split])
+                    unseen = first_fingerprint_parting(
+                        points.get(name + FINGERPRINT), points.get(split + FINGERPRINT)
+                    )
+                    seen = result.get("first_parting_position")
+                    if unseen is not None and (seen is None or unseen < seen):
+                        result["first_parting_position"] = unseen
+                    found.setdefault(case, {})[split] = result
     return found
 
 

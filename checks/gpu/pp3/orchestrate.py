@@ -345,6 +345,9 @@ def equality(args) -> dict[str, Any]:
             finished[name] = json.loads(path.read_text())
     done = {n for n, r in finished.items() if r.get("ok")}
     comparisons: dict[str, Any] = {}
+    if args.spread_from:  # the reference's spread as an earlier run of it measured
+        comparisons["spread"] = json.loads(args.spread_from.read_text())["comparisons"]["spread"]
+        comparisons["spread"]["from"] = str(args.spread_from)
     for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
         if ref in done and other in done:
             spread = comparisons.get("spread") if key != "spread" else None
@@ -403,6 +406,9 @@ def main() -> int:
     for name in ("model", "stock-model", "tables", "kit", "out", "raw"):
         parser.add_argument(f"--{name}", type=Path, required=True)
     parser.add_argument("--echo-model", type=Path, help="the echo-drafter copy (MTP engines)")
+    parser.add_argument(
+        "--spread-from", type=Path, help="an earlier equality result whose spread to use"
+    )
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--parallel", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=420)
