@@ -53,6 +53,60 @@ def test_the_one_gpu_shim_acts_only_when_asked(switch, expected):
     assert out.stdout.strip().splitlines()[-1] == expected
 
 
+# The launcher's `vllm serve` names no executor backend: on one CUDA GPU, vLLM
+# refuses a world size of 3 unless the shim picks "mp" (the platform is made to
+# claim one CUDA device, as the lent host has).
+BACKEND_PROBE = """
+from vllm.platforms import current_platform
+platform = type(current_platform)
+platform.is_cuda = lambda self: True
+platform.device_count = classmethod(lambda cls: 1)
+from vllm.config import ParallelConfig
+try:
+    pp3 = ParallelConfig(pipeline_parallel_size=3).distributed_executor_backend
+except Exception as exc:
+    pp3 = "refused: " + str(exc).splitlines()[1].split(" in this node")[0].strip()
+print(pp3, "|", ParallelConfig().distributed_executor_backend)
+"""
+
+
+@pytest.mark.parametrize(
+    ("switch", "expected"),
+    [
+        (
+            None,
+            "refused: Value error, World size (3) is larger than the number of available GPUs "
+            "(1) | uni",
+        ),
+        ("1", "mp | uni"),
+    ],
+)
+def test_the_shim_picks_mp_when_serve_names_no_backend(switch, expected):
+    env = {k: v for k, v in os.environ.items() if k != "FLASHNEXT_PP_ONE_GPU"}
+    env |= {"PYTHONPATH": str(PP3 / "onegpu"), "VLLM_TARGET_DEVICE": "cpu"}
+    if switch:
+        env["FLASHNEXT_PP_ONE_GPU"] = switch
+    out = subprocess.run(
+        [vllm_python(), "-c", BACKEND_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_the_shim_imports_nothing_of_vllm_itself():
+    """The launcher and the bench client run under the shim's env too: vLLM is patched
+    when it is imported, never imported by the shim."""
+    from emulation import shim_env
+
+    env = os.environ | shim_env(None)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if 'vllm' in m))"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 CAPTURES = """
 import json, sys, torch
 from pathlib import Path

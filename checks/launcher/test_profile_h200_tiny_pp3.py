@@ -10,7 +10,6 @@ with the profile's graphs and the QSA offload env.
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -26,24 +25,17 @@ from test_profile_h200_tiny import TINY_MODEL, needs_vllm_python, prepare_table
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "pp3"))
+from emulation import replicate_gpu  # noqa: E402
 from harness import free_port  # noqa: E402
 
 PROFILE = "h200-tiny-pp3"
 
 
 def three_h200s(facts: dict) -> dict:
-    """The lent card's facts as three cards (indexes 0-2, placeholder UUIDs)."""
-    out = copy.deepcopy(facts)
-    card = out["gpu"]["devices"][0]
-    out["gpu"]["devices"] = []
-    for index in range(3):
-        device = copy.deepcopy(card)
-        device["index"] = index
-        device["uuid"] = f"GPU-00000000-0000-0000-0000-00000000000{index}"  # not real serials
-        out["gpu"]["devices"].append(device)
-    if "device_count" in out["gpu"]:
-        out["gpu"]["device_count"] = 3
-    return out
+    """The lent card's facts as three cards (indexes 0-2, placeholder UUIDs): the
+    transformation checks/gpu/serve-tiny applies to the host's probe."""
+    return replicate_gpu(facts, 3)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,12 @@ plan's own command and reports ready, bench and report run against it, SIGTERM
 stops it, and nothing of it is left. Each failure path names the step that failed
 and still stops the server. The checkpoint is the skeleton's tiny variant (no torch
 needed); with FLASHNEXT_VLLM_PY set, the script also writes the real tiny one.
+
+PROFILE=h200-tiny-pp3 PP_ONE_GPU=1: the replayed one-H200 facts stand in for the
+host's probe and become three H200s (checks/gpu/pp3/emulation.py) that every step
+judges; the stand-in runs a worker per pipeline rank, titled as vLLM titles them;
+KIT/bin/vllm records the environment it was started with, so the shim's env is
+seen reaching vLLM while the plan's argv stays the shipped one.
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from vllm_env_fixtures import checkout_stamp, write_vllm_tree
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "checks" / "gpu" / "serve-tiny"
 sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "pp3"))
+from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
 from harness import STANDIN_DIR, free_port  # noqa: E402
 
 OUT_FILES = {"serve.log", "preflight.json", "plan.json", "bench.json", "report.json",
              "serve-tiny.json"}  # fmt: skip
+SERVE_KEYS = {"health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s", "clean_stop"}
+PP3 = {"PROFILE": "h200-tiny-pp3", "PP_ONE_GPU": "1", "STANDIN_PP_WORKERS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +66,46 @@ def inputs(tmp_path_factory):
     (kit / "env-patched.sh").write_text(
         f"export PYTHONPATH={kit / 'patched'}\n"
         f'export PATH={STANDIN_DIR}:"$PATH"\n'
+        "export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1\n"
+    )
+    return root, model, table, kit
+
+
+@pytest.fixture(scope="module")
+def pp3_inputs(inputs, tmp_path_factory):
+    """The 12-layer tiny skeleton (4 layers a rank), its table, and a kit whose
+    `vllm` writes the environment it was started with to $TEST_VLLM_ENV_LOG (less
+    $TEST_VLLM_DROP_ENV, to see the script notice) before it becomes the stand-in."""
+    from flashnext.skeleton import write_skeleton
+
+    root = tmp_path_factory.mktemp("serve-tiny-pp3")
+    model = root / "tiny12"
+    write_skeleton(model, "tiny", fixed_metadata=True, num_hidden_layers=12)
+    table = root / "tables" / "ple.bin"
+    table.parent.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
+         "--out", str(table), "--force"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    kit = root / "kit"
+    (kit / "bin").mkdir(parents=True)
+    vllm = kit / "bin" / "vllm"
+    standin = str(STANDIN_DIR / "vllm")
+    vllm.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "if os.environ.get('TEST_VLLM_ENV_LOG'):\n"
+        "    with open(os.environ['TEST_VLLM_ENV_LOG'], 'w') as fh:\n"
+        "        json.dump(dict(os.environ), fh)\n"
+        "os.environ.pop(os.environ.get('TEST_VLLM_DROP_ENV') or '-', None)\n"
+        f"os.execv(sys.executable, [sys.executable, {standin!r}, *sys.argv[1:]])\n"
+    )
+    vllm.chmod(0o755)
+    patched = inputs[3] / "patched"
+    (kit / "env-patched.sh").write_text(
+        f"export PYTHONPATH={patched}\n"
+        f'export PATH={kit / "bin"}:"$PATH"\n'
         "export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1\n"
     )
     return root, model, table, kit
@@ -147,6 +197,17 @@ def test_the_whole_run_passes(inputs, tmp_path):
     assert alive_with_prefix(f"TINY{port}::") == []
     # the summary table names every step
     assert re.search(r"^serve +ok ", proc.stdout, re.M) and "PASSED in" in proc.stdout
+    # issue 24's results contract, from the steps
+    assert set(summary["serve"]) == SERVE_KEYS
+    assert summary["serve"]["health"] is True and summary["serve"]["smoke"] is True
+    assert summary["serve"]["clean_stop"] is True
+    medians = {d["concurrency"]: d["aggregate_tok_s"]["median"] for d in bench["summary"]["decode"]}
+    assert summary["serve"]["bench_c1_tok_s"] == medians[1] > 0
+    assert summary["serve"]["bench_c4_tok_s"] == medians[4] > 0
+    assert (summary["profile"], summary["pp_size"], summary["emulated"]) == ("h200-tiny", 1, False)
+    assert summary["devices"] == 1 and summary["mtp"] is None and summary["emulation"] is None
+    assert summary["replayed_facts"]["file"].endswith(f"facts-{port}.json")
+    assert summary["replayed_facts"]["gpus"] == 1
 
 
 def _has_nvidia_smi() -> bool:
@@ -166,6 +227,9 @@ def test_a_failed_smoke_completion_fails_the_run_and_leaves_nothing(inputs, tmp_
     assert verdicts["bench"] == verdicts["report"] == verdicts["stop"] == "skipped"
     assert verdicts["processes"] == "ok"
     assert alive_with_prefix(f"TINY{port}::") == []
+    # /health answered (serve sends the smoke completion only then); no SIGTERM stop
+    assert summary["serve"] == {"health": True, "smoke": False, "bench_c1_tok_s": None,
+                                "bench_c4_tok_s": None, "clean_stop": False}  # fmt: skip
 
 
 def test_a_rejected_bench_fails_the_run_and_still_stops_the_server(inputs, tmp_path):
@@ -263,8 +327,113 @@ def test_it_writes_the_tiny_checkpoint_when_missing(inputs, tmp_path):
     assert (model / "config.json").is_file() and proc.returncode == 1  # then: no kit
 
 
+def test_pp3_on_one_gpu_serves_with_three_replayed_h200s_and_the_shim(inputs, pp3_inputs, tmp_path):
+    out = tmp_path / "out"
+    env_log = tmp_path / "vllm-env.json"
+    proc, summary, verdicts, port = run_script(
+        pp3_inputs, out, FLASHNEXT_MTP="1", STANDIN_SPEC_ACCEPT="0.5",
+        TEST_VLLM_ENV_LOG=str(env_log), **PP3,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert summary["ok"] is True and verdicts["facts"] == "ok"
+    assert all(v == "ok" for k, v in verdicts.items() if k != "gpu"), verdicts
+    assert {p.name for p in out.iterdir()} == OUT_FILES | {"facts-pp3.json"}
+    # the facts: the host's one H200 (the replayed recording stands in for the
+    # probe), three times; serve was handed that file, loudly
+    replayed = out / "facts-pp3.json"
+    three = json.loads(replayed.read_text())
+    host = json.loads((pp3_inputs[0] / f"facts-{port}.json").read_text())
+    assert [d["index"] for d in three["gpu"]["devices"]] == [0, 1, 2]
+    assert {d["name"] for d in three["gpu"]["devices"]} == {host["gpu"]["devices"][0]["name"]}
+    assert {k: v for k, v in three.items() if k != "gpu"} == {
+        k: v for k, v in host.items() if k != "gpu"
+    }
+    log = (out / "serve.log").read_text()
+    assert re.search(rf"TESTING ONLY: judging the facts replayed from {re.escape(str(replayed))} ",
+                     log)  # fmt: skip
+    preflight = json.loads((out / "preflight.json").read_text())
+    assert preflight["profile"] == "h200-tiny-pp3"
+    assert len(preflight["facts"]["gpu"]["devices"]) == 3
+    assert {f["id"]: f["level"] for f in preflight["findings"]}["gpu.count"] == "ok"
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["facts"]["gpu"]["devices"]) == 3
+    # the plan's command, PP=3 with MTP K=1, is what serve ran: nothing of the shim in it
+    plan = json.loads((out / "plan.json").read_text())
+    argv = plan["argv"]
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "3"
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 1
+    started = re.search(r"^flashnext: starting: (vllm serve .*)$", log, re.M).group(1)
+    assert started == " ".join(argv) and "ONE_GPU" not in started + json.dumps(plan["env"])
+    # the shim's env reached vLLM through serve's environment, the shim folder first
+    vllm_env = json.loads(env_log.read_text())
+    assert {k: vllm_env.get(k) for k in ONE_GPU_ENV} == ONE_GPU_ENV
+    assert vllm_env["PYTHONPATH"].split(":")[0] == str(SHIM_DIR)
+    assert summary["emulation"] == {
+        "shim_env": ONE_GPU_ENV | {"PYTHONPATH": vllm_env["PYTHONPATH"]},
+        "shim_env_in_vllm": True,
+    }
+    # three pipeline workers under serve, none left after SIGTERM
+    serve = next(s for s in summary["steps"] if s["step"] == "serve")
+    for rank in range(3):
+        assert f"TINY{port}::Worker_PP{rank} (" in serve["detail"]
+    assert alive_with_prefix(f"TINY{port}::") == []
+    # what the result says
+    assert summary["profile"] == "h200-tiny-pp3" and summary["pp_size"] == 3
+    assert summary["emulated"] is True and summary["devices"] == 1
+    assert summary["replayed_facts"]["file"] == str(replayed)
+    assert summary["replayed_facts"]["gpus"] == 3
+    assert summary["replayed_facts"]["from"].startswith("FLASHNEXT_FACTS=")
+    bench = json.loads((out / "bench.json").read_text())
+    assert summary["mtp"]["k"] == 1
+    acceptance = bench["spec_decode"]["acceptance_rate"]
+    assert summary["mtp"]["acceptance_rate"] == acceptance and 0.4 < acceptance < 0.6
+    assert summary["mtp"]["draft_tokens"] == bench["spec_decode"]["draft_tokens"] > 0
+    assert set(summary["serve"]) == SERVE_KEYS
+    assert summary["serve"]["health"] is summary["serve"]["smoke"] is True
+    assert summary["serve"]["clean_stop"] is True
+    assert summary["serve"]["bench_c1_tok_s"] > 0 and summary["serve"]["bench_c4_tok_s"] > 0
+
+
+def test_pp3_fails_when_the_shim_env_does_not_reach_vllm(pp3_inputs, tmp_path):
+    proc, summary, verdicts, port = run_script(
+        pp3_inputs, tmp_path / "out", TEST_VLLM_DROP_ENV="FLASHNEXT_PP_ONE_GPU", **PP3
+    )
+    assert proc.returncode == 1 and verdicts["serve"] == "FAILED"
+    serve = next(s for s in summary["steps"] if s["step"] == "serve")
+    assert "the shim's env did not reach vLLM" in serve["detail"]
+    assert "FLASHNEXT_PP_ONE_GPU=(unset), not 1" in serve["detail"]
+    assert summary["emulation"]["shim_env_in_vllm"] is False
+    assert verdicts["stop"] == verdicts["processes"] == "ok"
+    assert alive_with_prefix(f"TINY{port}::") == []
+
+
+def test_pp3_without_pp_workers_fails_the_serve_step(pp3_inputs, tmp_path):
+    env = {k: v for k, v in PP3.items() if k != "STANDIN_PP_WORKERS"}
+    proc, summary, verdicts, port = run_script(pp3_inputs, tmp_path / "out", **env)
+    assert proc.returncode == 1 and verdicts["serve"] == "FAILED"
+    serve = next(s for s in summary["steps"] if s["step"] == "serve")
+    assert f"PP=3, but no process titled TINY{port}::Worker_PP0 under serve" in serve["detail"]
+
+
+def test_pp_one_gpu_needs_a_profile_of_several_gpus(inputs, tmp_path):
+    proc, summary, verdicts, _ = run_script(inputs, tmp_path / "out", PP_ONE_GPU="1")
+    assert proc.returncode == 1 and verdicts["facts"] == "FAILED"
+    assert list(verdicts) == ["model", "kit", "table", "facts"]
+    facts = next(s for s in summary["steps"] if s["step"] == "facts")
+    assert "h200-tiny is 1 GPU(s)" in facts["detail"]
+    assert summary["emulated"] is True and summary["replayed_facts"]["gpus"] == 1
+
+
 def test_usage():
     proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "usage: checks/gpu/serve-tiny MODEL_DIR TABLE OUT_DIR" in (
         proc.stderr
     )
+
+
+def test_pp_one_gpu_takes_1_or_0():
+    proc = subprocess.run(
+        [str(SCRIPT), "m", "t", "o"], env=os.environ | {"PP_ONE_GPU": "yes"},
+        capture_output=True, text=True, timeout=30, cwd="/tmp",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "PP_ONE_GPU=yes: expected 1 (emulate) or 0" in proc.stderr

@@ -39,16 +39,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from compare import boundary_paths, compare_runs, judge, render, spread_bounds  # noqa: E402
+from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
 
 OFFLOAD_ENV = {
     "VLLM_QSA_KV_OFFLOAD": "1",
     "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS": "1024",
     "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES": str(16 << 30),
-}
-ONE_GPU_ENV = {
-    "FLASHNEXT_PP_ONE_GPU": "1",
-    "NCCL_SOCKET_IFNAME": "lo",
-    "NCCL_IB_DISABLE": "1",
 }
 ERROR_LINE = re.compile(
     r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
@@ -238,7 +234,7 @@ def launch(engine: Engine, args) -> dict[str, Any]:
     )
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
-    pythonpath = f"{HERE / 'onegpu'}:" if engine.pp > 1 else ""
+    pythonpath = f"{SHIM_DIR}:" if engine.pp > 1 else ""
     command = (
         f". {args.kit / f'env-{engine.tree}.sh'} && export PYTHONPATH={pythonpath}$PYTHONPATH && "
         f"exec python3 {HERE / 'engine.py'} {spec_path} {out_path}"

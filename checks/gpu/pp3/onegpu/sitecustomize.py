@@ -1,9 +1,17 @@
 """Test-only shim: vLLM's pipeline-parallel ranks all on one GPU.
 
 Active only when FLASHNEXT_PP_ONE_GPU=1 and this folder is first on
-PYTHONPATH (checks/gpu/pp3 sets both; nothing shipped does). Two things stop
-three ranks sharing cuda:0, and each is bent here, nowhere else:
+PYTHONPATH (checks/gpu/pp3 and `checks/gpu/serve-tiny` with PP_ONE_GPU=1 set
+both; nothing shipped does; the values are checks/gpu/pp3/emulation.py's).
+Three things stop three ranks sharing cuda:0, and each is bent here, nowhere
+else:
 
+- vLLM refuses a world size above the GPU count unless the executor backend
+  is given ("World size (3) is larger than the number of available GPUs
+  (1)"). The harness passes distributed_executor_backend="mp"; a `vllm serve`
+  started by the launcher runs the plan's argv, which names no backend. Here
+  a ParallelConfig with pipeline_parallel_size > 1 and no backend gets "mp",
+  what vLLM itself picks when the GPUs are there;
 - every worker asks ParallelConfig.get_local_gpu_index which GPU to take;
   here it is always 0;
 - NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). A distinct
@@ -11,21 +19,74 @@ three ranks sharing cuda:0, and each is bent here, nowhere else:
   loopback sockets (NCCL_SOCKET_IFNAME=lo). It is set in that same call, which
   vLLM makes before it starts NCCL.
 
-The caller also passes distributed_executor_backend="mp" (or
---distributed-executor-backend mp), which skips vLLM's GPU-count check.
-Every result written under this shim says so (`emulated`: true).
+The patch is applied when vllm.config.parallel is first imported (an import
+hook), so a process that never imports vLLM (the launcher that starts `vllm
+serve`, the bench client) never does either. Every result written under this
+shim says so (`emulated`: true).
 """
 
 import os
+import sys
 
-if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
+_TARGET = "vllm.config.parallel"
+
+
+def _patch(module):
+    cls = module.ParallelConfig
+
+    def _every_rank_on_gpu0(self, local_rank, dp_local_rank=None):
+        os.environ["NCCL_HOSTID"] = f"flashnext-onegpu-rank{local_rank}"
+        return 0
+
+    post_init = cls.__post_init__
+
+    def _mp_when_no_backend(self):
+        if self.distributed_executor_backend is None and self.pipeline_parallel_size > 1:
+            self.distributed_executor_backend = "mp"
+        post_init(self)
+
+    cls.get_local_gpu_index = _every_rank_on_gpu0
+    cls.__post_init__ = _mp_when_no_backend
+
+
+def _patch_or_say(module):
     try:
-        from vllm.config import parallel as _parallel
-
-        def _every_rank_on_gpu0(self, local_rank, dp_local_rank=None):
-            os.environ["NCCL_HOSTID"] = f"flashnext-onegpu-rank{local_rank}"
-            return 0
-
-        _parallel.ParallelConfig.get_local_gpu_index = _every_rank_on_gpu0
+        _patch(module)
     except Exception as exc:  # noqa: BLE001 - a shim that did not apply must say so, not crash
         print(f"flashnext pp3 shim: not applied: {exc!r}", flush=True)
+
+
+class _PatchOnImport:
+    """A meta path finder for vllm.config.parallel alone: the module is found and
+    loaded as usual, then patched before anyone can use it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _TARGET:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+
+        def exec_then_patch(module):
+            exec_module(module)
+            _patch_or_say(module)
+
+        loader.exec_module = exec_then_patch  # this spec's own loader instance
+        return spec
+
+
+if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
+    if _TARGET in sys.modules:
+        _patch_or_say(sys.modules[_TARGET])
+    else:
+        sys.meta_path.insert(0, _PatchOnImport())
