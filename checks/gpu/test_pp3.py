@@ -205,8 +205,8 @@ def test_contract_reports_each_mode_case_and_where_the_sensitivity_runs_were_cau
         "drop_one_token": {"100x1": _verdict("layer.3.qsa"), "3000x1": _verdict("layer.3.moe")},
         "ab-offload": {"100x1": _verdict(None)},
     }
-    serve = {"serve": {"health": True, "smoke": True, "bench_c1_tok_s": 10.0,
-                       "bench_c4_tok_s": 30.0, "clean_stop": True, "mtp_acceptance": 0.5}}  # fmt: skip
+    block = {"health": True, "smoke": True, "bench_c1_tok_s": 10.0, "bench_c4_tok_s": 30.0}
+    serve = {"serve": block | {"clean_stop": True, "mtp_acceptance": 0.5}}
     pp3, ab = contract.build(_equality_result(verdicts), serve, ["checks/gpu/pp3/run equality t1"])
     assert (pp3["pp_size"], pp3["devices"], pp3["emulated"]) == (3, 1, True)
     assert pp3["cuda_launch_blocking"] is False and pp3["series_sha256"] == "ab" * 32
@@ -258,9 +258,10 @@ def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_
     verdict = compare.judge(within, spread)
     assert verdict["equal"] is True and verdict["first_layer_over_bound"] is None
     # Past the spread's parting, twice the spread is the limit.
-    assert compare.judge({"layer.3.qsa": _point(loose_max=0.7)}, spread)[
-        "first_layer_over_bound"
-    ] == "layer.3.qsa"
+    assert (
+        compare.judge({"layer.3.qsa": _point(loose_max=0.7)}, spread)["first_layer_over_bound"]
+        == "layer.3.qsa"
+    )
     # Before it, the spread does not excuse anything.
     late = {"layer.2.gdn": _point(), "layer.3.qsa": _point(strict_mean=4 * compare.BF16_ROW_MEAN)}
     assert compare.judge(late, spread)["first_layer_over_bound"] == "layer.3.qsa"

@@ -96,6 +96,7 @@ def compare_point(
 
     def worst(rel, rows) -> float:
         return float(rel[rows].max()) if bool(rows.any()) else 0.0
+
     return {
         "tokens": len(keys),
         "only_ref": len(ua) - len(keys),

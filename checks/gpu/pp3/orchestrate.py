@@ -157,15 +157,16 @@ def equality_engines() -> list[Engine]:
         for pp in (1, 3):
             engines.append(
                 mode_engine(
-                    f"pp{pp}-{mode.name}-prefill4", mode, pp, cases=PREFILL_BATCH_CASES,
+                    f"pp{pp}-{mode.name}-prefill4",
+                    mode,
+                    pp,
+                    cases=PREFILL_BATCH_CASES,
                     new_tokens=1,
                 )  # fmt: skip
             )
     # The reference against itself, its cases in the other order (other KV
     # blocks for the same prompt): the spread past the indexer budget.
-    engines.append(
-        mode_engine(f"pp1-{EAGER.name}-again", EAGER, 1, cases=EQUALITY_CASES[::-1])
-    )
+    engines.append(mode_engine(f"pp1-{EAGER.name}-again", EAGER, 1, cases=EQUALITY_CASES[::-1]))
     engines.append(
         mode_engine("pp3-shift", EAGER, 3, sync="boundary_shift", cases=SENSITIVITY_CASES)
     )
@@ -187,8 +188,12 @@ EQUALITY_PAIRS = (
         for m in EQUALITY_MODES
     ),
     *(
-        (f"pp3-{m.name}-prefill4", f"pp1-{m.name}-prefill4", f"pp3-{m.name}-prefill4",
-         f"PP=3 vs PP=1, {m.name}, batch 4 prefill only")
+        (
+            f"pp3-{m.name}-prefill4",
+            f"pp1-{m.name}-prefill4",
+            f"pp3-{m.name}-prefill4",
+            f"PP=3 vs PP=1, {m.name}, batch 4 prefill only",
+        )
         for m in EQUALITY_MODES
     ),  # fmt: skip
     ("boundary_shift", f"pp1-{EAGER.name}", "pp3-shift", "sensitivity: misaligned row at rank 1"),
