@@ -81,11 +81,27 @@ def spec_decode_counts(metrics) -> dict[str, int]:
     return counts
 
 
+def rewrite_offload_selection(transform) -> None:
+    """Make the QSA offload kernels (patch 0021), prefill and decode alike,
+    read the selected-token index rows transform(indices) returns."""
+    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+
+    decode, prefill = qsa_offload.qsa_offload_decode, qsa_offload.qsa_offload_prefill
+
+    def decode_rewritten(q, k, v, indices, *args, **kwargs):
+        return decode(q, k, v, transform(indices), *args, **kwargs)
+
+    def prefill_rewritten(q, arena, indices, *args, **kwargs):
+        return prefill(q, arena, transform(indices), *args, **kwargs)
+
+    qsa_offload.qsa_offload_decode = decode_rewritten
+    qsa_offload.qsa_offload_prefill = prefill_rewritten
+
+
 def install_selection_permutation() -> None:
     """Sensitivity run: every offloaded QSA read attends to the token at half
     each selected position (t -> t // 2) instead of the selected one. An A/B
     that cannot tell this from the real selection proves nothing."""
-    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
 
     def permuted(indices):
         out = indices.clone()
@@ -94,16 +110,7 @@ def install_selection_permutation() -> None:
         columns[valid] = columns[valid] // 2
         return out
 
-    decode, prefill = qsa_offload.qsa_offload_decode, qsa_offload.qsa_offload_prefill
-
-    def decode_permuted(q, k, v, indices, *args, **kwargs):
-        return decode(q, k, v, permuted(indices), *args, **kwargs)
-
-    def prefill_permuted(q, arena, indices, *args, **kwargs):
-        return prefill(q, arena, permuted(indices), *args, **kwargs)
-
-    qsa_offload.qsa_offload_decode = decode_permuted
-    qsa_offload.qsa_offload_prefill = prefill_permuted
+    rewrite_offload_selection(permuted)
 
 
 class GatherTimer:

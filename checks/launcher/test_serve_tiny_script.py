@@ -43,20 +43,27 @@ SERVE_KEYS = {"health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s", "clean_stop
 PP3 = {"PROFILE": "h200-tiny-pp3", "PP_ONE_GPU": "1", "STANDIN_PP_WORKERS": "1"}
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def skeleton_with_table(root, name, **skeleton):
+    """The tiny skeleton (metadata as `checkpoint fix` leaves it) at root/name
+    and its PLE table from `flashnext table prepare`."""
     from flashnext.skeleton import write_skeleton
 
-    root = tmp_path_factory.mktemp("serve-tiny")
-    model = root / "tiny"
-    write_skeleton(model, "tiny", fixed_metadata=True)
-    table = root / "tables" / "ple.bin"
-    table.parent.mkdir()
+    model = root / name
+    write_skeleton(model, "tiny", fixed_metadata=True, **skeleton)
+    table = root / "tables" / f"{name}.bin"
+    table.parent.mkdir(exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
          "--out", str(table), "--force"],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
+    return model, table
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-tiny")
+    model, table = skeleton_with_table(root, "tiny")
     kit = root / "kit"
     kit.mkdir()
     # What KIT/env-patched.sh sets that matters here: PYTHONPATH with the patched
@@ -76,18 +83,8 @@ def pp3_inputs(inputs, tmp_path_factory):
     """The 12-layer tiny skeleton (4 layers a rank), its table, and a kit whose
     `vllm` writes the environment it was started with to $TEST_VLLM_ENV_LOG (less
     $TEST_VLLM_DROP_ENV, to see the script notice) before it becomes the stand-in."""
-    from flashnext.skeleton import write_skeleton
-
     root = tmp_path_factory.mktemp("serve-tiny-pp3")
-    model = root / "tiny12"
-    write_skeleton(model, "tiny", fixed_metadata=True, num_hidden_layers=12)
-    table = root / "tables" / "ple.bin"
-    table.parent.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
-         "--out", str(table), "--force"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    model, table = skeleton_with_table(root, "tiny12", num_hidden_layers=12)
     kit = root / "kit"
     (kit / "bin").mkdir(parents=True)
     vllm = kit / "bin" / "vllm"

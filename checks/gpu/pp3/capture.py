@@ -616,18 +616,9 @@ def _drop_last_selected(indices):
 def _install_drop_one_token(runner) -> None:
     """In the QSA offload path (patch 0021's kernels), drop one selected token
     per query row, prefill and decode alike."""
-    from vllm.models.qwen4_exp.nvidia.ops import qsa_offload
+    from in_vllm_worker import rewrite_offload_selection  # checks/gpu, on PYTHONPATH
 
-    decode, prefill = qsa_offload.qsa_offload_decode, qsa_offload.qsa_offload_prefill
-
-    def dropped_decode(q, k, v, idx, *args, **kwargs):
-        return decode(q, k, v, _drop_last_selected(idx), *args, **kwargs)
-
-    def dropped_prefill(q, arena, idx, *args, **kwargs):
-        return prefill(q, arena, _drop_last_selected(idx), *args, **kwargs)
-
-    qsa_offload.qsa_offload_decode = dropped_decode
-    qsa_offload.qsa_offload_prefill = dropped_prefill
+    rewrite_offload_selection(_drop_last_selected)
 
 
 # Trace and candidate-fix probes (install_sync's names): what each installs, in order.

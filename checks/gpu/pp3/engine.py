@@ -117,10 +117,11 @@ def main() -> int:
     spec = json.loads(spec_path.read_text())
     os.environ.update(spec.get("env", {}))
     # The engine core in this process; capture.py importable by every worker
-    # (collective_rpc pickles its functions by reference).
+    # (collective_rpc pickles its functions by reference), and in_vllm_worker
+    # (checks/gpu) for the probes it lends.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ["PYTHONPATH"] = f"{HERE}:{os.environ.get('PYTHONPATH', '')}"
+    os.environ["PYTHONPATH"] = f"{HERE}:{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"
     record: dict[str, Any] = {"run": spec["run"], "spec": spec, "ok": False}
     try:
         record.update(run(spec, out))
