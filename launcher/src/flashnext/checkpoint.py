@@ -211,14 +211,6 @@ def vllm_name(name: str) -> str:
     return name
 
 
-def _matches(value: str, target: str) -> bool:
-    # compressed_tensors/utils.py is_equal_or_regex_match: re.match (anchored at the
-    # start only) for "re:" targets, equality otherwise.
-    if target.startswith("re:"):
-        return re.match(target[3:], value) is not None
-    return value == target
-
-
 def _class_name(name: str) -> str:
     # The class vLLM builds for the module: experts fuse into RoutedExperts, the rest
     # are *ParallelLinear; only the substring test against a target uses it.
@@ -255,6 +247,8 @@ class SchemeMap:
             True: {vllm_name(p) if "." in p else p for p in self.ignore if not p.startswith("re:")},
         }
         self._ignore_re = [re.compile(p[3:]) for p in self.ignore if p.startswith("re:")]
+        # compressed_tensors/utils.py is_equal_or_regex_match: re.match (anchored at the
+        # start only) for "re:" targets, equality otherwise.
         self._targets = [
             (re.compile(t[3:]) if t.startswith("re:") else t, g) for t, g in self.targets.items()
         ]
@@ -279,7 +273,9 @@ class SchemeMap:
 
     def name_matches(self, name: str) -> list[str]:
         """Every group with a target matching `name` by name (not class)."""
-        return sorted({g for t, g in self.targets.items() if _matches(name, t)})
+        return sorted({
+            g for t, g in self._targets if (t == name if isinstance(t, str) else t.match(name))
+        })  # fmt: skip
 
 
 # ---------------------------------------------------------------- findings
