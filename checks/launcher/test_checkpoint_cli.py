@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -77,3 +79,44 @@ def test_check_on_a_non_checkpoint_says_what_to_do(tmp_path):
     assert res.exit_code == 1
     assert res.output.startswith("Error: ")
     assert "config.json" in res.output
+
+
+# ---------------------------------------------------------------- skeleton --fixed-metadata
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flashnext(*args) -> subprocess.CompletedProcess:
+    """The real ./flashnext, in a process of its own."""
+    return subprocess.run([str(REPO / "flashnext"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+
+
+def test_fixed_metadata_skeleton_is_what_fix_leaves(tmp_path):
+    """`skeleton --fixed-metadata` claims the checkpoint as `checkpoint fix` leaves it: then
+    check finds nothing fix repairs (no ple-not-ignored either), fix has nothing to change,
+    and fix run on the shipped skeleton writes the same config.json, byte for byte."""
+    fixed, shipped = tmp_path / "fixed", tmp_path / "shipped"
+    for args in ((fixed, "--fixed-metadata"), (shipped,)):
+        proc = flashnext("skeleton", *args, "--tiny", "--json")
+        assert proc.returncode == 0, proc.stderr
+
+    proc = flashnext("checkpoint", "check", "--model", fixed, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    findings = json.loads(proc.stdout)["findings"]
+    assert [(f["id"], f["status"]) for f in findings if f["status"] != "ok"] == []
+    assert [f["id"] for f in findings] == ["quantization", "generation-config"]
+
+    proc = flashnext("checkpoint", "fix", "--model", fixed, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["changed"], doc["diff"], doc["notes"], doc["remaining"]) == ([], "", [], [])
+    proc = flashnext("checkpoint", "fix", "--model", fixed, "--dry-run")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "nothing to change\n", "")
+
+    # fix on the shipped export, with the skeleton's sampling keys as the named source
+    gen = json.loads((fixed / "generation_config.json").read_text())
+    proc = flashnext("checkpoint", "fix", "--model", shipped, "--generation-config-from", fixed)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (shipped / "config.json").read_bytes() == (fixed / "config.json").read_bytes()
+    assert json.loads((shipped / "generation_config.json").read_text()) == gen
