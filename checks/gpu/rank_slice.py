@@ -9,8 +9,9 @@ PYTHONPATH). It writes the full-scale checkpoint skeleton (`flashnext skeleton
 
 - OUT_DIR/rank{R}/: config.json cut to rank R's layers (16 decoder layers with
   the rank's QSA pattern; the PLE layer only in rank 0's slice), its
-  quantization_config the shipped one with `ignore` rebuilt for the slice,
-  and generation_config.json; no tokenizer (prompts are token ids, and the
+  quantization_config what `checkpoint fix` writes for the slice (targets and
+  `ignore` derived from the slice's modules by fix's own code; the groups'
+  schemes the skeleton's), and generation_config.json; no tokenizer (prompts are token ids, and the
   tokenizer holds no GPU memory);
 - OUT_DIR/rank_fit.json: for each rank the argv and env the worker starts
   (the plan's, adapted for one rank on one GPU: see `rank_argv`), the plan's
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
 from flashnext.facts.model_derived import TEXT_PREFIX  # noqa: E402
+from flashnext.skeleton import repaired_quantization_config  # noqa: E402
 from flashnext.skeleton.configs import quantization_config  # noqa: E402
 from flashnext.skeleton.inventory import build_inventory  # noqa: E402
 from flashnext.table.layout import read_layout  # noqa: E402
@@ -80,15 +82,27 @@ def slice_config(full: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     text["layer_types"] = list(text["layer_types"][lo:hi])
     text["num_hidden_layers"] = hi - lo
     text["ple_layer_ids"] = [i - lo for i in text["ple_layer_ids"] if lo < i <= hi]
-    shipped = cfg.pop("quantization_config")
-    rebuilt = quantization_config(build_inventory(cfg).ignore, fixed_metadata=True)
-    # Only `ignore` may differ: it names modules by layer number.
-    if {k: v for k, v in rebuilt.items() if k != "ignore"} != {
-        k: v for k, v in shipped.items() if k != "ignore"
-    }:
+    skeleton_qcfg = cfg.pop("quantization_config")
+    # The slice as exported (`ignore` names modules by layer number), then fixed as
+    # `checkpoint fix` would fix it: targets match exactly the slice's modules.
+    cfg["quantization_config"] = quantization_config(build_inventory(cfg).ignore)
+    rebuilt = repaired_quantization_config(cfg)
+    # Only targets and `ignore` may differ from the skeleton's: the groups and their schemes
+    # are the same.
+    if _without_targets(rebuilt) != _without_targets(skeleton_qcfg):
         raise SystemExit("rank_slice: the skeleton's quantization_config is not the fixed one")
     cfg["quantization_config"] = rebuilt
     return cfg
+
+
+def _without_targets(qcfg: dict[str, Any]) -> dict[str, Any]:
+    """A quantization_config less what is derived from the modules: targets and `ignore`."""
+    out = {k: v for k, v in qcfg.items() if k != "ignore"}
+    out["config_groups"] = {
+        name: {k: v for k, v in group.items() if k != "targets"}
+        for name, group in qcfg["config_groups"].items()
+    }
+    return out
 
 
 def tensor_bytes(entry) -> int:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -77,3 +80,107 @@ def test_check_on_a_non_checkpoint_says_what_to_do(tmp_path):
     assert res.exit_code == 1
     assert res.output.startswith("Error: ")
     assert "config.json" in res.output
+
+
+# ---------------------------------------------------------------- skeleton --fixed-metadata
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flashnext(*args) -> subprocess.CompletedProcess:
+    """The real ./flashnext, in a process of its own."""
+    return subprocess.run([str(REPO / "flashnext"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+
+
+def test_fixed_metadata_skeleton_is_what_fix_leaves(tmp_path):
+    """`skeleton --fixed-metadata` claims the checkpoint as `checkpoint fix` leaves it: then
+    check finds nothing fix repairs (no ple-not-ignored either), fix has nothing to change,
+    and fix run on the shipped skeleton writes the same config.json, byte for byte."""
+    fixed, shipped = tmp_path / "fixed", tmp_path / "shipped"
+    for args in ((fixed, "--fixed-metadata"), (shipped,)):
+        proc = flashnext("skeleton", *args, "--tiny", "--json")
+        assert proc.returncode == 0, proc.stderr
+
+    proc = flashnext("checkpoint", "check", "--model", fixed, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    findings = json.loads(proc.stdout)["findings"]
+    assert [(f["id"], f["status"]) for f in findings if f["status"] != "ok"] == []
+    assert [f["id"] for f in findings] == ["quantization", "generation-config"]
+
+    proc = flashnext("checkpoint", "fix", "--model", fixed, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["changed"], doc["diff"], doc["notes"], doc["remaining"]) == ([], "", [], [])
+    proc = flashnext("checkpoint", "fix", "--model", fixed, "--dry-run")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "nothing to change\n", "")
+
+    # fix on the shipped export, with the skeleton's sampling keys as the named source
+    gen = json.loads((fixed / "generation_config.json").read_text())
+    proc = flashnext("checkpoint", "fix", "--model", shipped, "--generation-config-from", fixed)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (shipped / "config.json").read_bytes() == (fixed / "config.json").read_bytes()
+    assert json.loads((shipped / "generation_config.json").read_text()) == gen
+
+
+# ---------------------------------------------------------------- a shard this user may not read
+
+# Root reads a mode-000 file anyway (CAP_DAC_OVERRIDE). As root, the child runs without
+# CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH in its bounding set (util-linux setpriv), so the
+# kernel refuses it the read with EACCES for real, as it refuses any other user; where that
+# cannot be done the test is skipped, saying why.
+NO_DAC = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search")
+
+
+def _as_a_user_the_mode_binds() -> tuple[str, ...]:
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root (mode 000 does not stop root) and no setpriv to drop it")
+    probe = subprocess.run([*NO_DAC, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode:
+        pytest.skip(f"running as root and setpriv cannot drop CAP_DAC_*: {probe.stderr.strip()}")
+    return NO_DAC
+
+
+def test_unreadable_shard_asks_for_access_not_a_download(tmp_path):
+    model = tmp_path / "m"
+    write_skeleton(model, "tiny", fixed_metadata=True)
+    shard = model / "model-00001-of-00007.safetensors"
+    shard.chmod(0)
+    prefix = _as_a_user_the_mode_binds()
+    # A cache of its own: a cached header would not be read at all.
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def flashnext_here(*args):
+        return subprocess.run([*prefix, str(REPO / "flashnext"), *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+    proc = flashnext_here("checkpoint", "check", "--model", model)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert f"Error: {shard}: not readable by this user (" in out
+    assert "permission denied (" in out and "mode 0000)" in out
+    assert f"chmod u+r {shard}" in out or f"chmod a+r {shard}" in out
+    assert "download" not in out
+
+    facts = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
+    proc = flashnext_here("preflight", "--json", "--facts", facts, "--model", model,
+                          "--table", tmp_path / "ple-table.bin")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    (found,) = [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "model.dir"]
+    assert found["level"] == "fail"
+    assert found["message"].startswith(f"{shard}: not readable by this user (")
+    assert "chmod" in found["fix"] and "download" not in found["fix"]
+    assert found["fix"] not in found["message"]  # said once, as the fix
+
+    # config.json, read before any shard: the same access fix, not "make sure the download
+    # is complete"
+    shard.chmod(0o644)
+    (model / "config.json").chmod(0)
+    proc = flashnext_here("checkpoint", "check", "--model", model)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"Error: {model / 'config.json'}: not readable by this user (" in proc.stderr
+    assert "chmod" in proc.stderr and "download" not in proc.stderr

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from flashnext import checkpoint
 from flashnext.cli import main
 from flashnext.facts.model import INDEX_FILE, read_model_facts
 from flashnext.facts.model_derived import (
@@ -270,6 +271,16 @@ def test_fixed_targets_give_every_module_its_stored_scheme(tmp_path):
     write_skeleton(tmp_path / "t", "tiny", fixed_metadata=True)
     gen = json.loads((tmp_path / "t" / "generation_config.json").read_text())
     assert set(sampling_keys_present(gen)) == {"temperature", "top_p", "top_k"}
+
+
+def test_full_fixed_skeleton_leaves_checkpoint_fix_nothing_to_do(full_model):
+    """At full scale too, --fixed-metadata is what `checkpoint fix` writes (fix's own
+    verification, the emulation `checkpoint check` runs, included)."""
+    plan = checkpoint.plan_fix(full_model)
+    assert (plan.changes, plan.notes, plan.remaining) == ({}, [], [])
+    ignore = full_model.quantization_config["ignore"]
+    for table in checkpoint.ple_table_modules(full_model):
+        assert checkpoint.ple_ignore_pattern(table) in ignore
 
 
 # ---------------------------------------------------------------- tiny variant

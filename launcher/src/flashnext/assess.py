@@ -55,18 +55,20 @@ def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
 
 
 def read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None]:
-    model, error, _ = _read_model(model_dir)
+    model, error, _, _ = _read_model(model_dir)
     return model, error
 
 
-def _read_model(model_dir: str | None) -> tuple[ModelFacts | None, str | None, bool]:
-    """(facts, why not, whether the directory itself is missing)."""
+def _read_model(
+    model_dir: str | None,
+) -> tuple[ModelFacts | None, str | None, bool, str | None]:
+    """(facts, why not, whether the directory itself is missing, the reader's own fix)."""
     if not model_dir:
-        return None, "no model directory given", False
+        return None, "no model directory given", False, None
     try:
-        return read_model_facts(model_dir), None, False
+        return read_model_facts(model_dir), None, False, None
     except ModelFactsError as exc:
-        return None, str(exc), exc.missing_dir
+        return None, str(exc), exc.missing_dir, exc.fix
 
 
 def reference_plan(
@@ -111,9 +113,9 @@ def assess(
     `patch_series` and the `build_env` command (None outside a checkout)."""
     profile, reason = select_profile(facts, profile_name)
     profile = with_mtp(profile, options.mtp)
-    model_error, model_missing = None, False
+    model_error, model_missing, model_error_fix = None, False, None
     if model is None:
-        model, model_error, model_missing = _read_model(options.model_dir)
+        model, model_error, model_missing, model_error_fix = _read_model(options.model_dir)
     the_plan, plan_error = None, None
     table_shape = table_shape_error = None
     if model is None:
@@ -150,6 +152,7 @@ def assess(
             generation_config_error=generation_config_error,
             table_shape_error=table_shape_error,
             model_missing=model_missing,
+            model_error_fix=model_error_fix,
             host_plan=host_plan,
             vllm_env=vllm_env,
             patch_series=patch_series,

@@ -153,8 +153,15 @@ def _read_i64_pair(
     return struct.unpack("<qq", data) if len(data) == 16 else None
 
 
-def stored_modules(model: ModelFacts) -> tuple[list[StoredModule], list[str]]:
-    """Every Linear-like module with its stored scheme, and the problems found on the way."""
+def stored_modules(
+    model: ModelFacts, known_values: Mapping[str, Sequence[int]] | None = None
+) -> tuple[list[StoredModule], list[str]]:
+    """Every Linear-like module with its stored scheme, and the problems found on the way.
+
+    `known_values` (tensor name -> values) gives weight_shape values without reading
+    files: an inventory not read from disk (the skeleton's) has no offsets to read them at.
+    """
+    known = known_values or {}
     tensors = {t.name: t for t in model.tensors}
     problems: list[str] = []
     modules: list[StoredModule] = []
@@ -167,7 +174,11 @@ def stored_modules(model: ModelFacts) -> tuple[list[StoredModule], list[str]]:
             packed = tensors[f"{name}.weight_packed"]
             scale = tensors.get(f"{name}.weight_scale")
             shape_t = tensors.get(f"{name}.weight_shape")
-            pair = _read_i64_pair(Path(model.path), shape_t, handles) if shape_t else None
+            values = known.get(shape_t.name) if shape_t else None
+            if values is not None:
+                pair = (values[0], values[1]) if len(values) == 2 else None
+            else:
+                pair = _read_i64_pair(Path(model.path), shape_t, handles) if shape_t else None
             if scale is None:
                 problems.append(f"{name}: weight_packed without weight_scale")
                 continue
@@ -211,14 +222,6 @@ def vllm_name(name: str) -> str:
     return name
 
 
-def _matches(value: str, target: str) -> bool:
-    # compressed_tensors/utils.py is_equal_or_regex_match: re.match (anchored at the
-    # start only) for "re:" targets, equality otherwise.
-    if target.startswith("re:"):
-        return re.match(target[3:], value) is not None
-    return value == target
-
-
 def _class_name(name: str) -> str:
     # The class vLLM builds for the module: experts fuse into RoutedExperts, the rest
     # are *ParallelLinear; only the substring test against a target uses it.
@@ -255,6 +258,8 @@ class SchemeMap:
             True: {vllm_name(p) if "." in p else p for p in self.ignore if not p.startswith("re:")},
         }
         self._ignore_re = [re.compile(p[3:]) for p in self.ignore if p.startswith("re:")]
+        # compressed_tensors/utils.py is_equal_or_regex_match: re.match (anchored at the
+        # start only) for "re:" targets, equality otherwise.
         self._targets = [
             (re.compile(t[3:]) if t.startswith("re:") else t, g) for t, g in self.targets.items()
         ]
@@ -279,7 +284,9 @@ class SchemeMap:
 
     def name_matches(self, name: str) -> list[str]:
         """Every group with a target matching `name` by name (not class)."""
-        return sorted({g for t, g in self.targets.items() if _matches(name, t)})
+        return sorted({
+            g for t, g in self._targets if (t == name if isinstance(t, str) else t.match(name))
+        })  # fmt: skip
 
 
 # ---------------------------------------------------------------- findings
@@ -611,10 +618,15 @@ def _dump(doc: Any) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def fixed_quantization_config(model: ModelFacts) -> tuple[dict[str, Any], list[str]]:
-    """A quantization_config whose targets match what the tensors store, verified by emulation."""
+def fixed_quantization_config(
+    model: ModelFacts, known_values: Mapping[str, Sequence[int]] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """A quantization_config whose targets match what the tensors store, verified by emulation.
+
+    `checkpoint fix` writes it; `flashnext skeleton --fixed-metadata` writes it too, from
+    its inventory (`known_values`: the weight_shape values it would write)."""
     qcfg = copy.deepcopy(model.quantization_config or {})
-    modules, problems = stored_modules(model)
+    modules, problems = stored_modules(model, known_values)
     if problems:
         raise CheckpointError(
             f"cannot derive the stored scheme of {len(problems)} module(s), e.g. {problems[0]}; "

@@ -61,6 +61,10 @@ class PreflightInput:
     """Why config.json implies no table shape (table_shape is then None)."""
     model_missing: bool = False
     """model_dir does not exist (a wrong path, or not downloaded yet)."""
+    model_error_fix: str | None = None
+    """The fix of model_error where the reader says it (a file this user may not read
+    wants access, not a download; model_error ends with it); None: re-download the
+    missing or damaged files."""
     host_plan: Plan | None = None
     """The plan host memory is judged by: `plan`, else the plan for the profile's own
     checkpoint inventory (no checkpoint read); None: neither."""
@@ -825,13 +829,16 @@ def model(inp: PreflightInput) -> Iterator[Finding]:
         )
         return
     if inp.model is None:
+        fix = inp.model_error_fix
+        # The reader's message ends with its fix; the finding says it once, as the fix.
+        error = inp.model_error.removesuffix(f"; {fix}") if inp.model_error and fix else None
         yield Finding(
             "model.dir",
             "fail",
-            inp.model_error or "unreadable",
+            error or inp.model_error or "unreadable",
             "a complete checkpoint",
-            inp.model_error or "the checkpoint could not be read",
-            "re-download the missing or damaged files (`hf download` resumes)",
+            error or inp.model_error or "the checkpoint could not be read",
+            fix or "re-download the missing or damaged files (`hf download` resumes)",
         )
         return
     m = inp.model

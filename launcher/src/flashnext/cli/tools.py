@@ -367,8 +367,9 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
 @click.option(
     "--fixed-metadata",
     is_flag=True,
-    help="Write the checkpoint as `checkpoint fix` leaves it: explicit config_groups targets "
-    "and sampling keys in generation_config.json. Default: the shipped export defects.",
+    help="Write the checkpoint as `checkpoint fix --sampling ...` leaves it (its own code "
+    "derives the metadata): explicit config_groups targets, the PLE table in `ignore`, and "
+    "sampling keys in generation_config.json. Default: the shipped export defects.",
 )
 @options("as_json")
 def skeleton_command(out_dir: str, tiny: bool, fixed_metadata: bool, as_json: bool) -> None:

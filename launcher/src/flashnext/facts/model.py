@@ -40,6 +40,7 @@ from flashnext.facts.schema import (
     TensorInfo,
     bytes_by_class,
 )
+from flashnext.read_errors import unreadable
 
 # Names other code imports from here (checks/gpu/tiny_model.py: tensor_nbytes).
 __all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
@@ -59,6 +60,9 @@ def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise ModelFactsError(f"{path}: missing {what}; {fix}") from exc
     except OSError as exc:
+        denied = unreadable(path, exc)
+        if denied:  # the file is there: access, not a download, is what is missing
+            raise ModelFactsError(f"{denied[0]}; {denied[1]}", fix=denied[1]) from exc
         raise ModelFactsError(f"{path}: cannot read {what} ({exc.strerror}); {fix}") from exc
     except UnicodeDecodeError as exc:
         raise ModelFactsError(f"{path}: {what} is not UTF-8 text; {fix}") from exc

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flashnext.facts.schema import ModelFactsError, TensorInfo
+from flashnext.read_errors import unreadable
 
 # The `safetensors` library refuses headers above 100 MB (MAX_HEADER_SIZE);
 # so do we, before allocating anything of that size.
@@ -59,9 +60,9 @@ class SafetensorsError(ModelFactsError):
     defect, `fix` says what to do; str() is both, as one line."""
 
     def __init__(self, detail: str, fix: str = REDOWNLOAD) -> None:
-        super().__init__(f"{detail}; {fix}")
+        super().__init__(f"{detail}; {fix}", fix=fix)
         self.detail = detail
-        self.fix = fix
+        self.fix: str = fix
 
 
 def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
@@ -99,6 +100,9 @@ def _read_frame(path: Path) -> tuple[int, int, bytes]:
                 )
             raw = fh.read(length)
     except OSError as exc:
+        denied = unreadable(path, exc)
+        if denied:  # not a damaged download: downloading again would not help
+            raise SafetensorsError(*denied) from exc
         raise SafetensorsError(
             f"{where}: cannot read ({exc.strerror})", "check the path and its permissions"
         ) from exc

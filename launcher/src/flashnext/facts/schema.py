@@ -31,10 +31,13 @@ class FactsSchemaError(ValueError):
 class ModelFactsError(ValueError):
     """A model directory this launcher cannot read; the message names the file and the fix."""
 
-    def __init__(self, message: str, missing_dir: bool = False) -> None:
+    def __init__(self, message: str, missing_dir: bool = False, fix: str | None = None) -> None:
         super().__init__(message)
         self.missing_dir = missing_dir
         """The directory itself does not exist (a wrong path, or not downloaded yet)."""
+        self.fix = fix
+        """The fix alone (the message ends with it too), where it is not a download:
+        preflight shows it instead of its own; None: the message says it."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from flashnext.skeleton.writer import SkeletonError, write_checkpoint_dir
 __all__ = [
     "QSA_OFF",
     "reference_model_facts",
+    "repaired_quantization_config",
     "Entry",
     "Inventory",
     "SkeletonError",
@@ -75,10 +76,52 @@ def skeleton_config(
         raise SkeletonError(f"unknown skeleton variant {variant!r}; use 'full' or 'tiny'")
     if quantized:
         inventory = build_inventory(config)
-        config["quantization_config"] = quantization_config(
-            inventory.ignore, fixed_metadata=fixed_metadata
-        )
+        config["quantization_config"] = quantization_config(inventory.ignore)
+        if fixed_metadata:
+            config["quantization_config"] = repaired_quantization_config(config, inventory)
     return config
+
+
+def _inventory_facts(
+    config: dict[str, Any],
+    inventory: Inventory,
+    path: str,
+    generation: dict[str, Any] | None = None,
+) -> ModelFacts:
+    """A checkpoint of `config` holding `inventory`, as facts (no files, no offsets)."""
+    from flashnext.facts.safetensors import tensor_nbytes
+
+    tensors = tuple(
+        TensorInfo(e.name, e.dtype, e.shape, tensor_nbytes(e.dtype, e.shape), "")
+        for e in inventory.entries
+    )
+    return ModelFacts(
+        path=path,
+        config=config,
+        quantization_config=config.get("quantization_config"),
+        generation_config=generation,
+        index_files=(),
+        shards=(),
+        tensors=tensors,
+    )
+
+
+def repaired_quantization_config(
+    config: dict[str, Any], inventory: Inventory | None = None
+) -> dict[str, Any]:
+    """The quantization_config `checkpoint fix` writes for a checkpoint of `config`.
+
+    Computed by fix's own code (`flashnext.checkpoint.fixed_quantization_config`), on
+    `config`'s quantization_config (as exported) and the tensors of `inventory` (default:
+    `config`'s), so `--fixed-metadata` is exactly what `checkpoint fix` leaves.
+    """
+    from flashnext.checkpoint import fixed_quantization_config
+
+    inventory = inventory or build_inventory(config)
+    facts = _inventory_facts(config, inventory, "<the skeleton's inventory>")
+    known = {e.name: e.values for e in inventory.entries if e.values is not None}
+    qcfg, _notes = fixed_quantization_config(facts, known)
+    return qcfg
 
 
 def write_skeleton(
@@ -94,10 +137,12 @@ def write_skeleton(
 
     `fixed_metadata=False` reproduces both export defects of the shipped
     checkpoint (config_groups all targeting "Linear", generation_config without
-    sampling keys); True writes them fixed. `quantized=False` writes BF16
-    weights and no quantization_config. `text_overrides` (tiny only) replace
-    keys of `tiny_text_config()`; a key set to None is removed (e.g.
-    `indexer_n_heads=None` turns QSA off, as on CPU where it cannot run).
+    sampling keys); True writes them as `checkpoint fix` leaves them (its
+    quantization_config computed by fix's code: `repaired_quantization_config`).
+    `quantized=False` writes BF16 weights and no quantization_config.
+    `text_overrides` (tiny only) replace keys of `tiny_text_config()`; a key set
+    to None is removed (e.g. `indexer_n_heads=None` turns QSA off, as on CPU
+    where it cannot run).
     """
     config = skeleton_config(
         variant, fixed_metadata=fixed_metadata, quantized=quantized, **text_overrides
@@ -125,22 +170,14 @@ def write_skeleton(
 @functools.lru_cache(maxsize=2)
 def reference_model_facts(variant: Variant) -> ModelFacts:
     """The variant's checkpoint as facts, without files: its config and the exact tensor
-    inventory (what `read_model_facts` reads from a written skeleton, shards aside).
-    Preflight sizes host memory from it when no checkpoint could be read."""
-    from flashnext.facts.safetensors import tensor_nbytes
-
-    config = skeleton_config(variant, fixed_metadata=True)
-    inventory = build_inventory(config)
-    tensors = tuple(
-        TensorInfo(e.name, e.dtype, e.shape, tensor_nbytes(e.dtype, e.shape), "")
-        for e in inventory.entries
-    )
-    return ModelFacts(
-        path=f"<the {variant} skeleton's inventory>",
-        config=config,
-        quantization_config=config.get("quantization_config"),
-        generation_config=generation_config(config["text_config"], fixed_metadata=True),
-        index_files=(),
-        shards=(),
-        tensors=tensors,
+    inventory (what `read_model_facts` reads from a skeleton written without
+    --fixed-metadata, shards aside). Preflight sizes host memory from it when no
+    checkpoint could be read. The metadata is as exported: planning reads neither
+    the targets nor the sampling keys, and deriving the fixed targets costs seconds."""
+    config = skeleton_config(variant)
+    return _inventory_facts(
+        config,
+        build_inventory(config),
+        f"<the {variant} skeleton's inventory>",
+        generation_config(config["text_config"], fixed_metadata=False),
     )

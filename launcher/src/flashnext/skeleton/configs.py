@@ -5,11 +5,12 @@ architecture at toy size, shaped so that vLLM 0.33.0's config path accepts it
 on a CPU machine (see CPU_TESTING.md) and every quantized Linear's input width
 divides its group size.
 
-The quantization_config reproduces the export defect by default: four
-config_groups whose targets are all ["Linear"] (vLLM keys its scheme map by
-target, so the last group, INT8 g128, wins for every Linear).
-`fixed_metadata=True` writes explicit `re:` targets instead, and a
-generation_config with sampling keys.
+The quantization_config reproduces the export defect: four config_groups
+whose targets are all ["Linear"] (vLLM keys its scheme map by target, so the
+last group, INT8 g128, wins for every Linear). The fixed metadata is not
+spelled out here: `flashnext.skeleton` derives it from this one with the code
+`checkpoint fix` runs. `generation_config(fixed_metadata=True)` adds sampling
+keys.
 """
 
 from __future__ import annotations
@@ -262,25 +263,6 @@ SCHEMES: dict[str, tuple[int, int]] = {
     "int8_g128": (8, 128),  # HC input_mix_weight_down, embed_tokens, lm_head
 }
 
-# Explicit targets for the fixed metadata. Regexes match the checkpoint's
-# module names and vLLM's runtime names alike (both end the same way).
-FIXED_TARGETS: dict[str, list[str]] = {
-    "int4_g128": [r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"],
-    "int6_g128": [
-        r"re:.*linear_attn\.(in_proj_qkv|in_proj_z|out_proj)$",
-        r"re:.*self_attn\.(q_proj|k_proj|v_proj|o_proj)$",
-        r"re:.*self_attn\.indexer\.index_qk_proj$",
-        r"re:.*mlp\.shared_expert\.(gate_proj|up_proj|down_proj)$",
-        r"re:.*ple\.(key_proj|value_proj)$",
-    ],
-    "int8_g64": [r"re:.*hyper_connection(_mixer)?\.input_mix_weight_up$"],
-    "int8_g128": [
-        r"re:.*hyper_connection(_mixer)?\.input_mix_weight_down$",
-        r"re:.*embed_tokens$",
-        r"re:^(language_model\.)?lm_head$",
-    ],
-}
-
 
 def _weight_args(bits: int, group: int) -> dict[str, Any]:
     return {
@@ -297,12 +279,14 @@ def _weight_args(bits: int, group: int) -> dict[str, Any]:
     }
 
 
-def quantization_config(ignore: list[str], *, fixed_metadata: bool) -> dict[str, Any]:
-    """compressed-tensors quantization_config; `ignore` lists the unquantized Linear modules."""
+def quantization_config(ignore: list[str]) -> dict[str, Any]:
+    """compressed-tensors quantization_config as exported (every target "Linear"); `ignore`
+    lists the unquantized Linear modules. The fixed one is derived from it by `checkpoint
+    fix`'s own code (`flashnext.skeleton.repaired_quantization_config`)."""
     groups = {}
-    for i, (scheme, (bits, group)) in enumerate(SCHEMES.items()):
+    for i, (bits, group) in enumerate(SCHEMES.values()):
         groups[f"group_{i}"] = {
-            "targets": list(FIXED_TARGETS[scheme]) if fixed_metadata else ["Linear"],
+            "targets": ["Linear"],
             "weights": _weight_args(bits, group),
             "input_activations": None,
             "output_activations": None,

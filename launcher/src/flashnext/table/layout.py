@@ -19,6 +19,7 @@ from typing import Any
 
 from flashnext.facts.model_derived import config_int, ple_table_shape
 from flashnext.facts.safetensors import DTYPE_BITS, SafetensorsError, read_header_json
+from flashnext.read_errors import unreadable
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import PACKED, check_layout, table_bytes
 
@@ -178,6 +179,9 @@ def _text_config(model_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
+        denied = unreadable(path, exc) if isinstance(exc, OSError) else None
+        if denied:
+            raise TableError(*denied) from exc
         raise TableError(
             f"{path}: cannot read ({exc})", fix="pass --model the checkpoint directory"
         ) from exc
