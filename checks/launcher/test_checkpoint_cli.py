@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -147,15 +148,25 @@ def test_unreadable_shard_asks_for_access_not_a_download(tmp_path):
     model = tmp_path / "m"
     write_skeleton(model, "tiny", fixed_metadata=True)
     shard = model / "model-00001-of-00007.safetensors"
-    shard.chmod(0)
     prefix = _as_a_user_the_mode_binds()
-    # A cache of its own: a cached header would not be read at all.
+    # A cache of its own, filled while the shard is readable: chmod changes
+    # neither size nor mtime, and the cached header must not hide the refusal.
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
     def flashnext_here(*args):
         return subprocess.run([*prefix, str(REPO / "flashnext"), *map(str, args)], env=env,
                               capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
+    hour_ago = time.time_ns() - 3600 * 10**9  # the cache skips files written just now
+    for path in model.iterdir():
+        os.utime(path, ns=(hour_ago, hour_ago))
+    facts = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
+    preflight = ("preflight", "--json", "--facts", facts, "--model", model,
+                 "--table", tmp_path / "ple-table.bin")  # fmt: skip
+    proc = flashnext_here(*preflight)
+    assert "not readable" not in proc.stdout + proc.stderr
+    assert any((tmp_path / "cache").rglob("*.json")), "the first read cached no header"
+    shard.chmod(0)
     proc = flashnext_here("checkpoint", "check", "--model", model)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -165,9 +176,7 @@ def test_unreadable_shard_asks_for_access_not_a_download(tmp_path):
     assert f"chmod u+r {shard}" in out or f"chmod a+r {shard}" in out
     assert "download" not in out
 
-    facts = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
-    proc = flashnext_here("preflight", "--json", "--facts", facts, "--model", model,
-                          "--table", tmp_path / "ple-table.bin")  # fmt: skip
+    proc = flashnext_here(*preflight)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     (found,) = [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "model.dir"]

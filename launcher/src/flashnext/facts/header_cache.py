@@ -63,6 +63,10 @@ def load(root: Path, index: Path | None) -> dict[str, Any] | None:
     for shard in shards:
         if file_key(root / shard["file"]) != shard["key"]:
             return None
+        # chmod leaves size and mtime alone: a shard this user may no longer
+        # read is read again, so the refusal is named (read_errors), not hidden.
+        if not os.access(root / shard["file"], os.R_OK):
+            return None
     return doc
 
 
