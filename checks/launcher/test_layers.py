@@ -14,12 +14,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
 # The layer order, declared once, bottom first: a module may import its own layer
 # and the ones below, never one above. Keys are the package's top-level names.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "units", "atomic", "write_errors", "invocation", "checkout"),  # no logic
+    # no logic
+    ("__init__", "units", "atomic", "write_errors", "read_errors", "invocation", "checkout"),
     ("facts",),  # every read of the host and the checkpoint
-    ("profiles", "skeleton"),  # profiles; the checkpoint's reference inventory
+    ("profiles",),  # profiles
     ("plan",),  # pure: partition, placement, kv sizing, plan, command
     ("table",),  # the PLE table file: prepare, verify (its layout arithmetic too)
     ("checks", "checkpoint"),  # pure checks, one Finding; checkpoint fix
+    ("skeleton",),  # the checkpoint's reference inventory, its metadata as fix leaves it
     ("assess",),  # facts → plan → findings, for the commands
     ("render",),  # output for people and programs
     ("serve", "tools"),  # supervise vLLM; bench, report
@@ -123,7 +125,7 @@ def test_the_walk_sees_a_loop_and_an_upward_import():
     graph = {"flashnext.plan.a": {"flashnext.plan.b"}, "flashnext.plan.b": {"flashnext.plan.a"}}
     assert find_loop(graph) == ["flashnext.plan.a", "flashnext.plan.b", "flashnext.plan.a"]
     assert upward_imports({"flashnext.facts.x": {"flashnext.render"}}) == [
-        "flashnext.facts.x (layer 1) imports flashnext.render (layer 7)"
+        f"flashnext.facts.x (layer 1) imports flashnext.render (layer {_layer_of('render')})"
     ]
 
 
