@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -89,9 +90,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def flashnext(*args) -> subprocess.CompletedProcess:
-    """The real ./flashnext, in a process of its own."""
-    return subprocess.run([str(REPO / "flashnext"), *map(str, args)], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    """The launcher in a process of its own. `python -m flashnext`, not ./flashnext: the
+    root script builds its venv from the package index, which the Nix sandbox has not."""
+    return subprocess.run([sys.executable, "-m", "flashnext", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
 
 def test_fixed_metadata_skeleton_is_what_fix_leaves(tmp_path):
@@ -154,7 +156,7 @@ def test_unreadable_shard_asks_for_access_not_a_download(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
     def flashnext_here(*args):
-        return subprocess.run([*prefix, str(REPO / "flashnext"), *map(str, args)], env=env,
+        return subprocess.run([*prefix, sys.executable, "-m", "flashnext", *map(str, args)], env=env,
                               capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
     hour_ago = time.time_ns() - 3600 * 10**9  # the cache skips files written just now
