@@ -156,8 +156,9 @@ def test_unreadable_shard_asks_for_access_not_a_download(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
     def flashnext_here(*args):
-        return subprocess.run([*prefix, sys.executable, "-m", "flashnext", *map(str, args)], env=env,
-                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        argv = [*prefix, sys.executable, "-m", "flashnext", *map(str, args)]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
+                              check=False)  # fmt: skip
 
     hour_ago = time.time_ns() - 3600 * 10**9  # the cache skips files written just now
     for path in model.iterdir():
