@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from flashnext.checkout import find_checkout, series_patches
-from flashnext.checks import PreflightInput, vllm_env
+from flashnext.checks.inputs import PreflightInput
+from flashnext.checks.vllm_env import vllm_env
 from flashnext.cli import main
 from flashnext.facts.schema import VllmEnvFacts, dumps
 from flashnext.facts.vllm_env import find_built_env, probe_vllm_env, script_python

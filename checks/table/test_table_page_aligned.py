@@ -248,7 +248,8 @@ def test_preflight_accepts_either_layout_and_names_both_sizes(tmp_path: Path) ->
     manifest beside it (vLLM learns the layout there; none means packed)."""
     import dataclasses
 
-    from flashnext.checks import PreflightInput, _table_size
+    from flashnext.checks.inputs import PreflightInput
+    from flashnext.checks.table import _table_size
     from flashnext.facts.manifest import probe_manifest
 
     rows, cols = 2816, 160

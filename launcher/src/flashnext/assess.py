@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashnext.checks import Finding, PreflightInput, preflight
+from flashnext.checks.finding import Finding
+from flashnext.checks.inputs import PreflightInput
+from flashnext.checks.preflight import preflight
 from flashnext.facts.model import (
     CONFIG_FILE,
     ModelFactsError,

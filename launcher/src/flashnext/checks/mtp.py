@@ -1,0 +1,54 @@
+"""The MTP drafter the profile asks for, against the last rank's room (plan/mtp.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from flashnext.checks.finding import Finding
+from flashnext.checks.inputs import PreflightInput, _ok
+from flashnext.plan.mtp import INT4_FIX
+from flashnext.units import gib
+
+
+def mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
+    """The profile asks for MTP: the drafter must fit on the last rank (plan/mtp.py),
+    loading (its pass through VRAM) and serving (the KV pool it shares)."""
+    if inp.plan is None:  # rank_fit's plan check says why
+        return
+    mtp = inp.plan.mtp
+    if mtp is None:
+        return
+    load = mtp.load
+    off = "--mtp 0 (serve without MTP)"
+    if load is None:  # no MTP tensors
+        yield Finding("mtp.fit", "fail", "no MTP tensors", "an MTP layer (mtp.*)",
+                      f"MTP does not fit: {mtp.reason}", off)  # fmt: skip
+        return
+    if mtp.fits:
+        yield _ok("mtp.fit", f"{gib(load.transient_bytes)} while loading",
+                  f"<= {gib(load.room_bytes)} on rank {mtp.rank}", mtp.reason,
+                  measured_bytes=load.transient_bytes, required_bytes=load.room_bytes)  # fmt: skip
+        return
+    if not load.fits:
+        yield Finding(
+            "mtp.fit",
+            "fail",
+            f"{gib(load.transient_bytes)} while loading",
+            f"<= {gib(load.room_bytes)} on rank {mtp.rank}",
+            f"MTP does not fit: {mtp.reason}",
+            f"{INT4_FIX} --model {inp.model_dir or 'MODEL_DIR'}" if mtp.experts_bf16 else off,
+            measured_bytes=load.transient_bytes,
+            required_bytes=load.room_bytes,
+        )
+        return
+    cap = mtp.requests
+    longest = cap.longest_request_tokens if cap is not None else 0
+    yield Finding(
+        "mtp.fit",
+        "fail",
+        f"{cap.usable_blocks if cap else 0} KV blocks with the drafter",
+        f">= {cap.blocks_per_request if cap else 1} (one request of "
+        f"{inp.plan.max_model_len.value} tokens)",
+        f"MTP does not fit: {mtp.reason}",
+        f"{off}, or --max-model-len {longest}" if longest else off,
+    )
