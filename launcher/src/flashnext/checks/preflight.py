@@ -868,7 +868,7 @@ def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
     """The duplicate-target half of `checkpoint check`: vLLM's scheme map as
     SchemeMap builds it, without reading the stored modules (0.6 s of plan time)."""
     # Here, not at the top: flashnext.checkpoint imports this package (its Finding).
-    from flashnext.checkpoint import SchemeMap
+    from flashnext.facts.scheme_map import SchemeMap
 
     qcfg = inp.model.quantization_config or {}
     groups = qcfg.get("config_groups") or {}
