@@ -28,12 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
+from flashnext.checkpoint.mtp_int4 import int4_byte_classes  # noqa: E402
 from flashnext.facts.model import read_model_facts  # noqa: E402
 from flashnext.facts.schema import host_facts_from_json  # noqa: E402
 from flashnext.plan.mtp_projection import PROJECTED_K, projection_table  # noqa: E402
 from flashnext.plan.planner import PlanOptions, plan  # noqa: E402
 from flashnext.profiles import available_profiles  # noqa: E402
-from flashnext.tools.mtp_int4 import int4_byte_classes  # noqa: E402
 from flashnext.units import gib  # noqa: E402
 
 FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"

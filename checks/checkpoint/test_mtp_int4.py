@@ -1,4 +1,4 @@
-"""`flashnext checkpoint mtp-int4` (tools/mtp_int4.py, issue 16) on a real checkpoint's layout.
+"""`flashnext checkpoint mtp-int4` (checkpoint/mtp_int4.py, issue 16) on a real checkpoint's layout.
 
 The tiny skeleton (the full model's tensor names and dtypes at toy size,
 `--fixed-metadata`) gets seeded random BF16 MTP experts, then the writer runs
@@ -28,9 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32  # noqa: E402
+from flashnext.checkpoint.mtp_int4 import EXPERT_WEIGHT, NEW_SHARD, int4_byte_classes  # noqa: E402
 from flashnext.facts.model import read_model_facts  # noqa: E402
 from flashnext.skeleton import write_skeleton  # noqa: E402
-from flashnext.tools.mtp_int4 import EXPERT_WEIGHT, NEW_SHARD, int4_byte_classes  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E402
@@ -72,7 +72,7 @@ def written(tmp_path_factory):
                 originals[name] = tensors[name]
         save_file(tensors, str(root / file), metadata={"format": "pt"})
     before = {p.name: sha256(p) for p in root.glob("model-*.safetensors")}
-    proc = launcher("-m", "flashnext.tools.mtp_int4", str(root), cwd=REPO)
+    proc = launcher("-m", "flashnext.checkpoint.mtp_int4", str(root), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     return root, originals, before, proc
 

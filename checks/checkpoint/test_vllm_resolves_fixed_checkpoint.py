@@ -6,7 +6,8 @@ vLLM's CompressedTensorsConfig, configured for Qwen4ExpForConditionalGeneration
 exactly as the model loader does (`configure_quant_config`: name mapper and
 packed-module mapping), must give every module the scheme its tensors store.
 The same harness over the shipped config must find the defect (so it can fail),
-and our own emulation in `checkpoint.check` must agree with vLLM module by module.
+and our own emulation (`check`, checks/checkpoint_metadata.py) must agree with
+vLLM module by module.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from flashnext import checkpoint  # noqa: E402
+from flashnext.checkpoint.fix import apply_fix, plan_fix  # noqa: E402
+from flashnext.checkpoint.sampling import parse_sampling  # noqa: E402
+from flashnext.checks.checkpoint_metadata import check  # noqa: E402
 from flashnext.facts.model import read_model_facts  # noqa: E402
+from flashnext.facts.scheme_map import SchemeMap, vllm_name  # noqa: E402
+from flashnext.facts.stored_schemes import (  # noqa: E402
+    Scheme,
+    ple_table_modules,
+    scheme_of_group,
+    stored_modules,
+)
 from flashnext.skeleton import write_skeleton  # noqa: E402
 from vllm.config import ModelConfig  # noqa: E402
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E402
@@ -60,14 +70,14 @@ def runtime_name(ckpt_module: str) -> str | None:
     return None if mapped is None else mapped[: -len(".weight")]
 
 
-def vllm_weights(cfg: CompressedTensorsConfig, name: str) -> checkpoint.Scheme | None:
+def vllm_weights(cfg: CompressedTensorsConfig, name: str) -> Scheme | None:
     layer = RoutedExperts() if re.search(r"\.experts\.\d+\.", name) else ColumnParallelLinear()
     scheme = cfg.get_scheme_dict(layer, layer_name=name)
     w = scheme["weights"] if scheme else None
     if w is None:
         return None
     assert w.type == "int" and w.strategy == "group", w
-    return checkpoint.Scheme(w.num_bits, w.group_size, w.symmetric)
+    return Scheme(w.num_bits, w.group_size, w.symmetric)
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +85,10 @@ def full(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     write_skeleton(root / "ckpt", "full")
     shipped = read_model_facts(root / "ckpt")
-    plan = checkpoint.plan_fix(shipped)
-    checkpoint.apply_fix(plan)
+    plan = plan_fix(shipped)
+    apply_fix(plan)
     fixed = read_model_facts(root / "ckpt")
-    modules, problems = checkpoint.stored_modules(fixed)
+    modules, problems = stored_modules(fixed)
     assert not problems
     return types.SimpleNamespace(shipped=shipped, fixed=fixed, modules=modules, plan=plan)
 
@@ -98,7 +108,7 @@ def test_our_prefix_map_is_vllms(full):
     for m in full.modules:
         name = runtime_name(m.name)
         if name is not None:
-            assert checkpoint.vllm_name(m.name) == name
+            assert vllm_name(m.name) == name
             seen += 1
     assert seen > 70_000
 
@@ -116,18 +126,18 @@ def test_fixed_checkpoint_every_module_resolves_to_its_stored_scheme(full):
 def test_shipped_checkpoint_is_misread_by_vllm(full):
     """The same harness on the shipped metadata: all 73,728 INT4 experts read as INT8 g128."""
     cfg = vllm_config(full.shipped.quantization_config)
-    int4 = checkpoint.Scheme(4, 128)
+    int4 = Scheme(4, 128)
     experts = [(n, s) for _, n, s in in_main_model(full.modules) if s == int4]
     assert len(experts) == 73_728
-    assert {vllm_weights(cfg, n) for n, _ in experts} == {checkpoint.Scheme(8, 128)}
+    assert {vllm_weights(cfg, n) for n, _ in experts} == {Scheme(8, 128)}
 
 
 @pytest.mark.parametrize("which", ["shipped", "fixed"])
 def test_our_emulation_agrees_with_vllm_module_by_module(full, which):
     qcfg = getattr(full, which).quantization_config
     cfg = vllm_config(qcfg)
-    ours = checkpoint.SchemeMap.from_config(qcfg)
-    schemes = {g: checkpoint.scheme_of_group(v) for g, v in qcfg["config_groups"].items()}
+    ours = SchemeMap.from_config(qcfg)
+    schemes = {g: scheme_of_group(v) for g, v in qcfg["config_groups"].items()}
     disagree = []
     for _, name, stored in in_main_model(full.modules):
         if stored is None:
@@ -167,7 +177,7 @@ def test_fused_modules_resolve_like_their_parts(full):
 
 def test_ple_table_is_ignored_and_unquantized(full):
     cfg = vllm_config(full.fixed.quantization_config)
-    (table,) = checkpoint.ple_table_modules(full.fixed)
+    (table,) = ple_table_modules(full.fixed)
     prefix = runtime_name(table)
     assert prefix == "language_model.model.layers.1.ple.ple_embedding.ngram_embedding"
     # what nvidia/ngram_embedding.py asks: get_scheme_dict(None, prefix) is None -> unquantized
@@ -176,9 +186,9 @@ def test_ple_table_is_ignored_and_unquantized(full):
 
 
 def test_fix_is_idempotent_on_the_full_checkpoint(full):
-    again = checkpoint.plan_fix(full.fixed)
+    again = plan_fix(full.fixed)
     assert again.changes == {}
-    assert checkpoint.check(full.fixed).findings[0].status == "ok"
+    assert check(full.fixed).findings[0].status == "ok"
 
 
 # ---------------------------------------------------------------- sampling keys
@@ -202,8 +212,8 @@ def test_vllm_reads_the_restored_sampling_keys(tmp_path):
     write_skeleton(tmp_path / "tiny", "tiny")
     assert diff_sampling_param(tmp_path / "tiny") == {}  # the shipped defect, per vLLM
     model = read_model_facts(tmp_path / "tiny")
-    sampling = checkpoint.parse_sampling(["temperature=0.6", "top_p=0.95", "top_k=20"])
-    checkpoint.apply_fix(checkpoint.plan_fix(model, sampling))
+    sampling = parse_sampling(["temperature=0.6", "top_p=0.95", "top_k=20"])
+    apply_fix(plan_fix(model, sampling))
     assert diff_sampling_param(tmp_path / "tiny") == {
         "temperature": 0.6,
         "top_p": 0.95,

@@ -136,11 +136,11 @@ def mtp_parsed(skeleton):
     mtp-int4` leaves them), its argv parsed by `vllm serve`'s own parser."""
     import dataclasses
 
+    from flashnext.checkpoint.mtp_int4 import int4_byte_classes
     from flashnext.facts.model import read_model_facts
     from flashnext.plan.command import serve_command
     from flashnext.plan.planner import PlanOptions, plan
     from flashnext.profiles import available_profiles
-    from flashnext.tools.mtp_int4 import int4_byte_classes
 
     model = read_model_facts(skeleton)
     classes = int4_byte_classes(model.tensor_bytes_by_class(), 512)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import rank_fit
 import rank_slice
-from flashnext.checkpoint import ple_ignore_pattern
+from flashnext.checkpoint.targets import ple_ignore_pattern
 from flashnext.facts.model_derived import TEXT_PREFIX
 from flashnext.skeleton.inventory import build_inventory
 

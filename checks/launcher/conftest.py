@@ -40,7 +40,7 @@ def full_model_int4(full_model):
     checks/checkpoint/test_mtp_int4.py), every other tensor as its real header says."""
     import dataclasses
 
-    from flashnext.tools.mtp_int4 import int4_byte_classes
+    from flashnext.checkpoint.mtp_int4 import int4_byte_classes
 
     classes = int4_byte_classes(
         full_model.tensor_bytes_by_class(), int(full_model.text_config["num_experts"])

@@ -16,11 +16,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # no logic
     ("__init__", "units", "atomic", "write_errors", "read_errors", "invocation", "checkout"),
-    ("facts",),  # every read of the host and the checkpoint
+    ("facts",),  # every read of the host and the checkpoint (stored schemes, scheme map too)
     ("profiles",),  # profiles
     ("plan",),  # pure: partition, placement, kv sizing, plan, command
     ("table",),  # the PLE table file: prepare, verify (its layout arithmetic too)
-    ("checks", "checkpoint"),  # pure checks, one Finding; checkpoint fix
+    ("checks",),  # pure checks, one Finding: preflight, `checkpoint check`
+    ("checkpoint",),  # what changes the checkpoint: fix (proved by the check), mtp-int4
     ("skeleton",),  # the checkpoint's reference inventory, its metadata as fix leaves it
     ("assess",),  # facts → plan → findings, for the commands
     ("render",),  # output for people and programs

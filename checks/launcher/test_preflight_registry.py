@@ -17,8 +17,8 @@ from flashnext.checks.preflight import CHECKS
 
 MAX_LINES = 600
 # The package's modules that hold no checks: the Finding type, the input and its shared
-# helpers, the registry itself.
-NOT_DOMAINS = {"finding", "inputs", "preflight"}
+# helpers, the registry itself, and `checkpoint check`'s findings (not preflight's).
+NOT_DOMAINS = {"finding", "inputs", "preflight", "checkpoint_metadata"}
 
 
 def domain_modules() -> list[types.ModuleType]:

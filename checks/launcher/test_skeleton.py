@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from flashnext import checkpoint
+from flashnext.checkpoint.fix import plan_fix
+from flashnext.checkpoint.targets import ple_ignore_pattern
 from flashnext.cli import main
 from flashnext.facts.model import INDEX_FILE, read_model_facts
 from flashnext.facts.model_derived import (
@@ -31,6 +32,7 @@ from flashnext.facts.model_derived import (
     ple_table_shape,
     sampling_keys_present,
 )
+from flashnext.facts.stored_schemes import ple_table_modules
 from flashnext.skeleton import (
     QSA_OFF,
     SkeletonError,
@@ -276,11 +278,11 @@ def test_fixed_targets_give_every_module_its_stored_scheme(tmp_path):
 def test_full_fixed_skeleton_leaves_checkpoint_fix_nothing_to_do(full_model):
     """At full scale too, --fixed-metadata is what `checkpoint fix` writes (fix's own
     verification, the emulation `checkpoint check` runs, included)."""
-    plan = checkpoint.plan_fix(full_model)
+    plan = plan_fix(full_model)
     assert (plan.changes, plan.notes, plan.remaining) == ({}, [], [])
     ignore = full_model.quantization_config["ignore"]
-    for table in checkpoint.ple_table_modules(full_model):
-        assert checkpoint.ple_ignore_pattern(table) in ignore
+    for table in ple_table_modules(full_model):
+        assert ple_ignore_pattern(table) in ignore
 
 
 # ---------------------------------------------------------------- tiny variant

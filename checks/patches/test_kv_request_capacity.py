@@ -36,6 +36,7 @@ from tiny_qwen4_exp import engine_args, write_tiny_qwen4_exp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
+from flashnext.checkpoint.mtp_int4 import int4_byte_classes  # noqa: E402
 from flashnext.facts.model import read_model_facts  # noqa: E402
 from flashnext.facts.schema import host_facts_from_json  # noqa: E402
 from flashnext.plan import host_pools, qsa_sizing  # noqa: E402
@@ -44,7 +45,6 @@ from flashnext.plan.planner import PlanOptions, plan  # noqa: E402
 from flashnext.profiles import available_profiles, with_mtp  # noqa: E402
 from flashnext.skeleton import write_skeleton  # noqa: E402
 from flashnext.skeleton.configs import full_text_config, tiny_text_config  # noqa: E402
-from flashnext.tools.mtp_int4 import int4_byte_classes  # noqa: E402
 
 FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 PROFILE = available_profiles()["3x3090"]

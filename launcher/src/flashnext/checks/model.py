@@ -14,6 +14,7 @@ from flashnext.facts.model_derived import (
     sampling_keys_present,
     sampling_keys_restoring_nothing,
 )
+from flashnext.facts.scheme_map import SchemeMap
 
 EXPECTED_ARCH = "qwen4_exp"
 
@@ -82,8 +83,6 @@ def model(inp: PreflightInput) -> Iterator[Finding]:
 def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
     """The duplicate-target half of `checkpoint check`: vLLM's scheme map as
     SchemeMap builds it, without reading the stored modules (0.6 s of plan time)."""
-    # Here, not at the top: flashnext.checkpoint imports this package (its Finding).
-    from flashnext.checkpoint import SchemeMap
 
     qcfg = inp.model.quantization_config or {}
     groups = qcfg.get("config_groups") or {}

@@ -24,7 +24,7 @@ def checkpoint_check(model_dir: str, as_json: bool) -> None:
     modules matched twice, and a PLE table missing from `ignore`. Exit 1 on any
     failed check.
     """
-    from flashnext.checkpoint import check
+    from flashnext.checks.checkpoint_metadata import check
     from flashnext.facts.model import read_model_facts
     from flashnext.render import emit_json, render_table, write_fix_lines
 
@@ -76,7 +76,8 @@ def checkpoint_fix(
     """
     from pathlib import Path
 
-    from flashnext.checkpoint import apply_fix, parse_sampling, plan_fix, sampling_from_dir
+    from flashnext.checkpoint.fix import apply_fix, plan_fix
+    from flashnext.checkpoint.sampling import parse_sampling, sampling_from_dir
     from flashnext.facts.model import read_model_facts
     from flashnext.render import emit_json
 
@@ -167,7 +168,7 @@ def checkpoint_mtp_int4(model_dir: str, vllm_env_dir: str | None) -> None:
     src = str(Path(flashnext.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [env.python, "-m", "flashnext.tools.mtp_int4", model_dir],
+        [env.python, "-m", "flashnext.checkpoint.mtp_int4", model_dir],
         env={**os.environ, "PYTHONPATH": path},
         check=False,
     )

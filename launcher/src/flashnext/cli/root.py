@@ -23,7 +23,7 @@ class FlashnextError(click.ClickException):
 def _user_errors() -> tuple[type[Exception], ...]:
     """The launcher's own error types: each message names the input and says the fix.
     Imported when one is raised, so a command imports only what it uses."""
-    from flashnext.checkpoint import CheckpointError
+    from flashnext.checkpoint.errors import CheckpointError
     from flashnext.facts.schema import FactsSchemaError, ModelFactsError
     from flashnext.profiles import ProfileError
     from flashnext.serve import ServeError

@@ -111,11 +111,11 @@ def repaired_quantization_config(
 ) -> dict[str, Any]:
     """The quantization_config `checkpoint fix` writes for a checkpoint of `config`.
 
-    Computed by fix's own code (`flashnext.checkpoint.fixed_quantization_config`), on
+    Computed by fix's own code (`flashnext.checkpoint.fix.fixed_quantization_config`), on
     `config`'s quantization_config (as exported) and the tensors of `inventory` (default:
     `config`'s), so `--fixed-metadata` is exactly what `checkpoint fix` leaves.
     """
-    from flashnext.checkpoint import fixed_quantization_config
+    from flashnext.checkpoint.fix import fixed_quantization_config
 
     inventory = inventory or build_inventory(config)
     facts = _inventory_facts(config, inventory, "<the skeleton's inventory>")

@@ -23,7 +23,7 @@ renaming the four kinds of file back restores the BF16 layer. Rerunning
 after an interruption finishes the job; after success it changes nothing.
 
 Runs in the pinned vLLM env (torch, safetensors, compressed-tensors):
-`ENV/venv/bin/python -m flashnext.tools.mtp_int4 MODEL_DIR` with the
+`ENV/venv/bin/python -m flashnext.checkpoint.mtp_int4 MODEL_DIR` with the
 launcher on PYTHONPATH; the CLI command does that.
 """
 
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from flashnext.atomic import write_text_atomic
-from flashnext.checkpoint import CheckpointError, fixed_quantization_config
+from flashnext.checkpoint.errors import CheckpointError
+from flashnext.checkpoint.fix import fixed_quantization_config
 from flashnext.facts.model import read_model_facts
 
 NEW_SHARD = "mtp-int4.safetensors"
@@ -215,7 +216,7 @@ def run(model_dir: str) -> int:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m flashnext.tools.mtp_int4 MODEL_DIR", file=sys.stderr)
+        print("usage: python -m flashnext.checkpoint.mtp_int4 MODEL_DIR", file=sys.stderr)
         return 2
     try:
         return run(sys.argv[1])
