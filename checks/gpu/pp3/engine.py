@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+AB, COMMON = HERE.parent / "ab", HERE.parent / "common"
+sys.path.insert(0, str(AB))
+sys.path.insert(0, str(COMMON))
 
+from engine_probes import spec_decode_counts  # noqa: E402
 from in_vllm_worker import engine_kwargs as ab_engine_kwargs  # noqa: E402
-from in_vllm_worker import spec_decode_counts  # noqa: E402
 
 # Prompts longer than this are captured thinned (capture.start).
 LONG_PROMPT = 4096
@@ -58,10 +60,8 @@ def prompts_for(length: int, batch: int, vocab: int, seed: int) -> list[list[int
 
 
 def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    import capture  # checks/gpu/common
     from vllm import LLM, SamplingParams
-
-    sys.path.insert(0, str(HERE))
-    import capture
 
     started = time.perf_counter()
     llm = LLM(**engine_kwargs(spec))
@@ -116,12 +116,12 @@ def main() -> int:
     spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
     spec = json.loads(spec_path.read_text())
     os.environ.update(spec.get("env", {}))
-    # The engine core in this process; capture.py importable by every worker
-    # (collective_rpc pickles its functions by reference), and in_vllm_worker
-    # (checks/gpu) for the probes it lends.
+    # The engine core in this process; capture.py and engine_probes.py
+    # (checks/gpu/common) importable by every worker: collective_rpc pickles
+    # their functions by reference.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ["PYTHONPATH"] = f"{HERE}:{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"
+    os.environ["PYTHONPATH"] = f"{HERE}:{COMMON}:{AB}:{os.environ.get('PYTHONPATH', '')}"
     record: dict[str, Any] = {"run": spec["run"], "spec": spec, "ok": False}
     try:
         record.update(run(spec, out))

@@ -36,7 +36,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "common"))
 
 from compare import boundary_paths, compare_runs, judge, render, spread_bounds  # noqa: E402
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
