@@ -9,7 +9,7 @@ overridden by name and returned, so results record it.
 
 Runs under the pinned vLLM env's python (it imports vLLM).
 
-    python checks/gpu/common/plan_settings.py PLAN.json [NAME=JSON ...]   # prints the settings
+    python checks/gpu/common/plan_settings.py PLAN.json [NAME=JSON ...]  # prints the settings
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ def engine_settings(
     """(LLM kwargs, environment, the overrides applied) of a plan.
 
     An override whose value is None removes the setting (e.g. the compilation
-    config of an eager run); the environment is the plan's, exactly.
+    config of an eager run); the environment is the plan's, exactly. Only
+    overrides that change something are applied and returned: one that
+    restates the plan is no difference to record.
     """
     kwargs = llm_kwargs(list(plan["argv"]))
     applied: dict[str, Any] = {}
     for name, value in (overrides or {}).items():
         if name not in {f.name for f in dataclasses.fields(_engine_args())}:
             raise ValueError(f"override {name!r} is not an EngineArgs field")
+        if kwargs.get(name) == value:
+            continue
         applied[name] = value
         if value is None:
             kwargs.pop(name, None)

@@ -4,8 +4,9 @@ The plan is `flashnext plan --json` for the h200-tiny-pp3 profile on the real
 12-layer tiny checkpoint with replayed facts of three H200s; vLLM 0.33.0's
 own `vllm serve` parser (in the pinned env: FLASHNEXT_VLLM_PY) turns its argv
 into LLM(...) arguments. When the profile changes, the plan's arguments
-change with it, and the harness's engine (checks/gpu/pp3/engine.py) must
-follow: the last test fails until it does.
+change with it, and every engine of the PP=3 harness (checks/gpu/pp3:
+orchestrate.py's specs, engine.py's LLM(...) arguments) must follow, differing
+only in the overrides it names.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ GPU = Path(__file__).resolve().parents[1]
 REPO = GPU.parents[1]
 sys.path.insert(0, str(GPU / "pp3"))
 sys.path.insert(0, str(REPO / "checks" / "launcher"))
-
-import engine as pp3_engine  # noqa: E402
 
 PROFILE = "h200-tiny-pp3"
 
@@ -42,7 +41,7 @@ def plan(tmp_path_factory):
 
     py = vllm_python()
     root = tmp_path_factory.mktemp("plan-settings")
-    model, table = root / "tiny12", root / "ple.bin"
+    model, table = root / "tiny12", root / "ple-packed.bin"
     tiny_model = GPU / "tiny" / "tiny_model.py"
     subprocess.run([py, str(tiny_model), str(model), "--layers", "12"], check=True)
     subprocess.run(
@@ -105,23 +104,103 @@ def test_overrides_are_named_and_recorded(plan):
     assert out.returncode != 0 and "'no_such_field' is not an EngineArgs field" in out.stderr
 
 
-def test_the_pp3_engine_runs_the_profiles_settings(plan):
-    """The PP=3 harness still builds LLM(...) itself; it must equal the plan in
-    everything but the PLE table path and the emulation's executor."""
+# What a PP=3 harness engine may differ in from the plan, and why (pp3/engine.py).
+PP3_OVERRIDES = {
+    "model",  # the echo-drafter copy (MTP), the PLE-off stock copy
+    "pipeline_parallel_size",  # PP=1: the reference
+    "distributed_executor_backend",  # "mp": three ranks on one GPU (the emulation)
+    "enforce_eager", "compilation_config",  # the eager modes
+    "engram_config",  # PLE in VRAM (the PLE A/B, stock)
+    "speculative_config", "disable_log_stats",  # MTP on in the profile's mode only
+    "load_format",  # dummy weights for stock's copy
+}  # fmt: skip
+
+ENGINE_SIDE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import engine
+from plan_settings import _printable
+out = {}
+for name, spec in json.loads(open(sys.argv[2]).read()).items():
+    kwargs, applied = engine.engine_kwargs(spec)
+    out[name] = {"kwargs": {k: _printable(v) for k, v in kwargs.items()}, "overrides": applied}
+print(json.dumps(out, default=str))
+"""
+
+
+def pp3_engines(plan_doc: dict, model: Path, table: Path) -> dict:
+    """Every PP=3 harness engine's LLM(...) arguments and overrides, as engine.py builds them."""
+    from types import SimpleNamespace
+
+    import orchestrate
+
+    args = SimpleNamespace(
+        model=model, stock_model=model.parent / "stock", echo_model=model.parent / "echo",
+        tables=table.parent, plan=plan_doc,
+    )  # fmt: skip
+    engines = orchestrate.diagnose_engines() + orchestrate.equality_engines()
+    specs = {e.name: orchestrate.spec_for(e, args) for e in engines}
+    path = table.parent / "specs.json"
+    path.write_text(json.dumps(specs))
+    out = subprocess.run(
+        [vllm_python(), "-c", ENGINE_SIDE, str(GPU / "pp3"), str(path)],
+        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_the_pp3_engines_run_the_plans_settings(plan):
+    """Every PP=3 harness engine is the plan's engine but for named overrides."""
     path, model, table = plan
     doc = settings(path)["kwargs"]
-    spec = {"model": str(model), "pp": 3, "graphs": "full_decode_only", "table": str(table)}
-    ours = pp3_engine.engine_kwargs(spec)
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization",
-                 "additional_config", "language_model_only", "pipeline_parallel_size"):  # fmt: skip
-        assert ours[name] == doc[name], name
-    from flashnext.profiles import available_profiles
-
-    graphs = available_profiles()[PROFILE].compilation
-    assert ours["compilation_config"] == {
-        "mode": graphs.mode,
-        "cudagraph_mode": graphs.cudagraph_mode,
-        "cudagraph_capture_sizes": list(graphs.cudagraph_capture_sizes),
+    engines = pp3_engines(json.loads(path.read_text()), model, table)
+    for name, engine in engines.items():
+        kwargs, applied = engine["kwargs"], engine["overrides"]
+        assert set(applied) <= PP3_OVERRIDES, (name, applied)
+        for key in set(doc) | set(kwargs):
+            if key not in applied:
+                assert kwargs.get(key) == doc.get(key), (name, key)
+    graphs = engines["pp3-graphs-offload-mtp"]
+    assert graphs["kwargs"]["compilation_config"] == doc["compilation_config"]
+    assert graphs["overrides"] == {
+        "distributed_executor_backend": "mp",
+        "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+        "disable_log_stats": False,
+        "model": str(model.parent / "echo"),
     }
-    assert ours["distributed_executor_backend"] == "mp"  # the one-GPU emulation's override
+    assert engines["pp1-eager-vram"]["overrides"] == {
+        "pipeline_parallel_size": 1, "enforce_eager": True, "compilation_config": None,
+    }  # fmt: skip
+
+
+def test_the_pp3_engines_follow_a_changed_profile(plan):
+    """A profile setting changed in the plan reaches every engine of the harness."""
+    path, model, table = plan
+    doc = json.loads(path.read_text())
+    argv = doc["argv"]
+    for flag, value in (("--max-num-seqs", "7"), ("--max-num-batched-tokens", "1024")):
+        argv[argv.index(flag) + 1] = value
+    engines = pp3_engines(doc, model, table)
+    assert {(e["kwargs"]["max_num_seqs"], e["kwargs"]["max_num_batched_tokens"])
+            for e in engines.values()} == {(7, 1024)}  # fmt: skip
+
+
+def test_engines_leave_the_plans_offload_env_only_in_vram_modes(plan):
+    """The plan's environment is each engine's; VRAM modes drop the QSA offload variables."""
+    from types import SimpleNamespace
+
+    import orchestrate
+
+    path, model, table = plan
+    plan_doc = json.loads(path.read_text())
+    args = SimpleNamespace(model=model, stock_model=model, echo_model=model,
+                           tables=table.parent, plan=plan_doc)  # fmt: skip
+    engines = {e.name: e for e in orchestrate.equality_engines()}
+    offload = orchestrate.spec_for(engines["pp1-graphs-offload-mtp"], args)
+    vram = orchestrate.spec_for(engines["pp1-eager-vram"], args)
+    assert offload["env"] == plan_doc["env"] and offload["env_dropped"] == []
+    assert vram["env_dropped"] == list(orchestrate.OFFLOAD_KEYS)
+    assert vram["env"] == {
+        k: v for k, v in plan_doc["env"].items() if k not in orchestrate.OFFLOAD_KEYS
+    }

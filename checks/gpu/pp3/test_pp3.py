@@ -155,7 +155,8 @@ def test_the_comparison_matches_tokens_across_ranks_and_orders(tmp_path):
 
 
 def test_only_pp3_engines_get_the_one_gpu_environment():
-    args = SimpleNamespace(model=Path("/m"), stock_model=Path("/s"), tables=Path("/t"))
+    plan = {"argv": ["vllm", "serve", "/m"], "env": {"VLLM_QSA_KV_OFFLOAD": "1"}}
+    args = SimpleNamespace(model=Path("/m"), stock_model=Path("/s"), tables=Path("/t"), plan=plan)
     specs = {e.name: orchestrate.spec_for(e, args) for e in orchestrate.diagnose_engines()}
     for name, spec in specs.items():
         emulated = spec["env"].get("FLASHNEXT_PP_ONE_GPU") == "1"
