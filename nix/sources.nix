@@ -42,8 +42,8 @@ in
     ../checks/lib.sh
     # `flashnext report` lists the checkout's patch series.
     ../patches
-    # checks/launcher runs checks/gpu/serve-tiny with a stand-in vllm and
-    # writes checks/gpu/tiny_model.py's checkpoint.
+    # checks/launcher runs checks/gpu/serve/serve-tiny with a stand-in vllm and
+    # writes checks/gpu/tiny/tiny_model.py's checkpoint.
     ../checks/gpu
     # The README's first-start steps, the root bootstrap as invoked, and the
     # env builder the vllm.env fix names (checks/launcher/test_readme_first_start.py,

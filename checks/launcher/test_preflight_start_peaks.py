@@ -17,7 +17,7 @@ from lead_fixtures import base_facts
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "checks" / "gpu" / "results"
-sys.path.insert(0, str(REPO / "checks" / "gpu"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "rank_fit"))
 
 from rank_fit import RUN_OF_RECORD  # noqa: E402  (the run the gpu suite holds to the plan)
 

@@ -2,7 +2,7 @@
 
 Preflight and the dry-run command are judged from replayed H200 facts
 (h200_tiny_facts.py says where each value comes from) against the real tiny
-checkpoint of checks/gpu/tiny_model.py (written with the pinned vLLM env's
+checkpoint of checks/gpu/tiny/tiny_model.py (written with the pinned vLLM env's
 python: it needs torch; FLASHNEXT_VLLM_PY, which checks/run sets) and against
 the skeleton's tiny variant (always). The argv is parsed by vLLM 0.33.0's own
 `vllm serve` parser in that env, and the env vars are looked up in its envs.
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
 from harness import free_port  # noqa: E402
 
-TINY_MODEL = REPO / "checks" / "gpu" / "tiny_model.py"
+TINY_MODEL = REPO / "checks" / "gpu" / "tiny" / "tiny_model.py"
 PROFILE = "h200-tiny"
 
 

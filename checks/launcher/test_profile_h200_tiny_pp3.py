@@ -34,7 +34,7 @@ PROFILE = "h200-tiny-pp3"
 
 def three_h200s(facts: dict) -> dict:
     """The lent card's facts as three cards (indexes 0-2, placeholder UUIDs): the
-    transformation checks/gpu/serve-tiny applies to the host's probe."""
+    transformation checks/gpu/serve/serve-tiny applies to the host's probe."""
     return replicate_gpu(facts, 3)
 
 

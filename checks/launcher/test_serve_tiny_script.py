@@ -1,4 +1,4 @@
-"""checks/gpu/serve-tiny end to end here, with the stand-in `vllm` and replayed H200 facts.
+"""checks/gpu/serve/serve-tiny end to end here, with the stand-in `vllm` and replayed H200 facts.
 
 The script runs on the GPU host once; here its control flow is proven: the kit's env
 is sourced (a stand-in KIT/env-patched.sh puts the stand-in `vllm` first on PATH),
@@ -31,7 +31,7 @@ from h200_tiny_facts import write_h200_facts
 from vllm_env_fixtures import checkout_stamp, write_vllm_tree
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "checks" / "gpu" / "serve-tiny"
+SCRIPT = REPO / "checks" / "gpu" / "serve" / "serve-tiny"
 sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
 sys.path.insert(0, str(REPO / "checks" / "gpu" / "pp3"))
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
@@ -308,7 +308,7 @@ def test_without_the_kit_it_says_how_to_get_it(inputs, tmp_path):
 def test_it_writes_the_tiny_checkpoint_when_missing(inputs, tmp_path):
     py = os.environ.get("FLASHNEXT_VLLM_PY")
     if not py:
-        pytest.skip("FLASHNEXT_VLLM_PY is not set: checks/gpu/tiny_model.py needs torch")
+        pytest.skip("FLASHNEXT_VLLM_PY is not set: checks/gpu/tiny/tiny_model.py needs torch")
     model = tmp_path / "ab" / "tiny"
     out = tmp_path / "out"
     env = script_env(inputs, free_port(), KIT=str(tmp_path / "no-kit"), TINY_PYTHON=py)
@@ -423,9 +423,8 @@ def test_pp_one_gpu_needs_a_profile_of_several_gpus(inputs, tmp_path):
 
 def test_usage():
     proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "usage: checks/gpu/serve-tiny MODEL_DIR TABLE OUT_DIR" in (
-        proc.stderr
-    )
+    usage = "usage: checks/gpu/serve/serve-tiny MODEL_DIR TABLE OUT_DIR"
+    assert proc.returncode == 2 and usage in proc.stderr
 
 
 def test_pp_one_gpu_takes_1_or_0():

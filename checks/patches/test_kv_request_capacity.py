@@ -318,9 +318,9 @@ LOGGED = re.compile(
 
 
 def test_the_h200_runs_logged_capacity_is_the_planners():
-    """The h200-tiny serve run (PP=1, checks/gpu/tiny_model.py's checkpoint, the
+    """The h200-tiny serve run (PP=1, checks/gpu/tiny/tiny_model.py's checkpoint, the
     recorded plan's pool) logged vLLM's own figures; the planner's from that plan."""
-    sys.path.insert(0, str(REPO / "checks" / "gpu"))
+    sys.path.insert(0, str(REPO / "checks" / "gpu" / "tiny"))
     from tiny_model import TEXT_OVERRIDES
 
     recorded = json.loads((SERVE_TINY / "plan.json").read_text())

@@ -1,4 +1,4 @@
-"""The GPU A/B checkpoint (checks/gpu/tiny_model.py) loads into vLLM 0.33.0's own classes.
+"""The GPU A/B checkpoint (checks/gpu/tiny/tiny_model.py) loads into vLLM 0.33.0's own classes.
 
 No `proves` marker: every test here must pass on the stock and on the patched
 tree alike (the A/B compares them on the same checkpoint). On CPU:
@@ -28,7 +28,9 @@ import pytest
 from tiny_qwen4_exp import build_model, engine_args
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "checks" / "gpu"))
+# The GPU harnesses whose checkpoint and engines are checked here (checks/gpu).
+for harness in ("tiny", "mtp", "ab"):
+    sys.path.insert(0, str(REPO / "checks" / "gpu" / harness))
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
 import tiny_model  # noqa: E402
@@ -312,7 +314,7 @@ def test_flashnext_table_prepare_takes_its_shards(checkpoint: Path, tmp_path: Pa
 def test_the_mtp_equality_engines_draft_only_where_asked_and_offload_the_drafter_once(
     checkpoint: Path, vllm_tree
 ):
-    """checks/gpu/mtp_equality.py's engines, as the worker builds them, through
+    """checks/gpu/mtp/mtp_equality.py's engines, as the worker builds them, through
     vLLM's own EngineArgs: the mtp-on ones draft K tokens with the checkpoint's
     MTP layer, and the serving-setup one asks vLLM's UVA offloader for the kit's
     drafter segments."""

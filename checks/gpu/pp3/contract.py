@@ -4,7 +4,7 @@
         --command CMD [--command CMD ...] --out-dir checks/gpu/results
 
 EQUALITY_JSON is orchestrate.py's `pp3_equality-RUN.json`; SERVE_JSON the
-`serve-tiny.json` of the launcher serving PP=3 (checks/gpu/serve-tiny in its
+`serve-tiny.json` of the launcher serving PP=3 (checks/gpu/serve/serve-tiny in its
 PP=3 mode). Writes `pp3-RUN.json` (PP=3 against PP=1 in each mode, the two
 sensitivity runs, the launcher's serve) and `layer_ab-RUN.json` (the PP=1
 offload and PLE-file A/B, layer by layer), each with the commands that made

@@ -16,7 +16,7 @@ folder (onegpu/) first and the caller's PYTHONPATH after it. Exported to
 vLLM with its own environment plus the plan's): the plan's argv and env stay
 the shipped ones.
 
-Used by checks/gpu/serve-tiny (PROFILE=h200-tiny-pp3 PP_ONE_GPU=1), the PP=3
+Used by checks/gpu/serve/serve-tiny (PROFILE=h200-tiny-pp3 PP_ONE_GPU=1), the PP=3
 harness (orchestrate.py) and checks/launcher/test_profile_h200_tiny_pp3.py.
 """
 

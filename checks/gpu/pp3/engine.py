@@ -1,15 +1,17 @@
 """One engine of the PP=3 harness: start vLLM at PP=1 or PP=3 (three ranks on
 one GPU through onegpu/sitecustomize.py), generate greedily, capture every
-rank's layer outputs (capture.py), stop.
+rank's layer outputs (../common/capture.py), stop.
 
     python checks/gpu/pp3/engine.py SPEC.json OUT.json
 
-SPEC: {"run", "model", "pp", "graphs": "eager"|"full_decode_only", "table"
-(PLE file or null), "offload" (QSA K/V in host RAM, 1,024-token chunks),
-"speculative_config" (MTP), "sync" (a capture.install_sync probe), "capture",
-"cases": [[prompt_tokens, batch], ...], "seed", "max_new_tokens",
-"kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "env"}.
-Layer captures go to OUT.<case>.rank<R>.pt beside OUT.json.
+SPEC: {"run", "plan" (`flashnext plan --json` of the h200-tiny-pp3 profile:
+its argv and env), "model", "pp", "graphs": "eager"|"full_decode_only",
+"table" (PLE file or null), "speculative_config" (MTP), "load_format",
+"sync" (a capture.install_sync probe), "capture", "cases": [[prompt_tokens,
+batch], ...], "seed", "max_new_tokens", "env"}. The engine's arguments are
+the plan's (../common/plan_settings.py); what this engine must differ in is
+overridden by name (`overrides`) and recorded in OUT.json. Layer captures go
+to OUT.<case>.rank<R>.pt beside OUT.json.
 """
 
 from __future__ import annotations
@@ -24,31 +26,74 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+COMMON = HERE.parent / "common"
+sys.path.insert(0, str(COMMON))
 
-from in_vllm_worker import engine_kwargs as ab_engine_kwargs  # noqa: E402
-from in_vllm_worker import spec_decode_counts  # noqa: E402
+from engine_probes import spec_decode_counts  # noqa: E402
+from plan_settings import engine_settings  # noqa: E402
 
 # Prompts longer than this are captured thinned (capture.start).
 LONG_PROMPT = 4096
 
-# What the A/B's engines get unless a spec says otherwise (the h200-tiny profiles').
-DEFAULTS = {
-    "max_model_len": 24576,
-    "kv_cache_memory_bytes": 256 << 20,
-    "gpu_memory_utilization": 0.1,
-}
+# Settings a spec may restate for a diagnosis (none of the runs of record does).
+SPEC_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len")
 
 
-def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
-    """The A/B's engine (in_vllm_worker: the profile's scheduler and graphs), at PP=spec["pp"]."""
-    kwargs = ab_engine_kwargs(DEFAULTS | spec)
-    if spec.get("load_format"):
-        kwargs["load_format"] = spec["load_format"]
-    if spec["pp"] > 1:
-        kwargs["pipeline_parallel_size"] = spec["pp"]
-        kwargs["distributed_executor_backend"] = "mp"  # skips the GPU-count check (one GPU)
-    return kwargs
+def overrides(spec: dict[str, Any]) -> dict[str, Any]:
+    """What this engine must differ in from the plan, by name (None: unset)."""
+    eager = spec["graphs"] == "eager"
+    mtp = spec.get("speculative_config")
+    wanted: dict[str, Any] = {
+        "model": spec["model"],  # the echo-drafter copy, the stock copy
+        "pipeline_parallel_size": spec["pp"],  # PP=1: the reference
+        # Three ranks on one GPU: "mp" skips vLLM's GPU-count check (the emulation).
+        "distributed_executor_backend": "mp" if spec["pp"] > 1 else None,
+        "enforce_eager": True if eager else None,
+        "speculative_config": mtp,  # the mode's MTP, on or off
+        "disable_log_stats": False if mtp else None,  # the spec-decode counters
+        # The harness's MTP engines keep the drafter in VRAM.
+        "cpu_offload_gb": None,
+        "cpu_offload_params": None,
+        "load_format": spec.get("load_format"),  # dummy weights: the stock copy
+    }
+    if eager:
+        wanted["compilation_config"] = None
+    if not spec.get("table"):
+        wanted["engram_config"] = None  # PLE in VRAM
+    elif spec["table"] != plan_table(spec["plan"]):
+        wanted["engram_config"] = {"mmap_path": spec["table"]}
+    wanted |= {name: spec[name] for name in SPEC_SETTINGS if name in spec}
+    return wanted
+
+
+def plan_table(plan: dict[str, Any]) -> str | None:
+    """The PLE table file the plan's `--engram-config` names."""
+    argv = list(plan["argv"])
+    if "--engram-config" not in argv:
+        return None
+    return json.loads(argv[argv.index("--engram-config") + 1]).get("mmap_path")
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """argv less `flag VALUE`."""
+    if flag not in argv:
+        return argv
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 2 :]
+
+
+def engine_kwargs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LLM(...) arguments: the plan's, with this engine's overrides; and those overrides."""
+    plan, wanted = spec["plan"], overrides(spec)
+    dropped: dict[str, Any] = {}
+    if "engram_config" in wanted and wanted["engram_config"] is None:
+        # Dropped before parsing: stock's parser has no --engram-config (patch 0010).
+        del wanted["engram_config"]
+        if plan_table(plan) is not None:
+            plan = {**plan, "argv": without_flag(list(plan["argv"]), "--engram-config")}
+            dropped["engram_config"] = None
+    kwargs, _, applied = engine_settings(plan, wanted)
+    return kwargs, applied | dropped
 
 
 def prompts_for(length: int, batch: int, vocab: int, seed: int) -> list[list[int]]:
@@ -58,14 +103,17 @@ def prompts_for(length: int, batch: int, vocab: int, seed: int) -> list[list[int
 
 
 def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    import capture  # checks/gpu/common
     from vllm import LLM, SamplingParams
 
-    sys.path.insert(0, str(HERE))
-    import capture
-
+    kwargs, applied = engine_kwargs(spec)
     started = time.perf_counter()
-    llm = LLM(**engine_kwargs(spec))
-    result: dict[str, Any] = {"startup_s": time.perf_counter() - started, "cases": {}}
+    llm = LLM(**kwargs)
+    result: dict[str, Any] = {
+        "startup_s": time.perf_counter() - started,
+        "overrides": applied,
+        "cases": {},
+    }
     result["sync"] = llm.collective_rpc(capture.install_sync, args=(spec.get("sync", "none"),))
     if spec.get("capture"):
         result["capture_layers"] = llm.collective_rpc(capture.install_capture)
@@ -116,12 +164,12 @@ def main() -> int:
     spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
     spec = json.loads(spec_path.read_text())
     os.environ.update(spec.get("env", {}))
-    # The engine core in this process; capture.py importable by every worker
-    # (collective_rpc pickles its functions by reference), and in_vllm_worker
-    # (checks/gpu) for the probes it lends.
+    # The engine core in this process; capture.py and engine_probes.py
+    # (checks/gpu/common) importable by every worker: collective_rpc pickles
+    # their functions by reference.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ["PYTHONPATH"] = f"{HERE}:{HERE.parent}:{os.environ.get('PYTHONPATH', '')}"
+    os.environ["PYTHONPATH"] = f"{HERE}:{COMMON}:{os.environ.get('PYTHONPATH', '')}"
     record: dict[str, Any] = {"run": spec["run"], "spec": spec, "ok": False}
     try:
         record.update(run(spec, out))

@@ -36,16 +36,17 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "common"))
 
 from compare import boundary_paths, compare_runs, judge, render, spread_bounds  # noqa: E402
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
 
-OFFLOAD_ENV = {
-    "VLLM_QSA_KV_OFFLOAD": "1",
-    "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS": "1024",
-    "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES": str(16 << 30),
-}
+# The plan's QSA offload variables: a mode that keeps K/V in VRAM drops them.
+OFFLOAD_KEYS = (
+    "VLLM_QSA_KV_OFFLOAD",
+    "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS",
+    "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES",
+)
 ERROR_LINE = re.compile(
     r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
     r"|pp3 sync probe|pp3 trace|pp3 streams|Error:"
@@ -63,6 +64,7 @@ class Engine:
     capture: bool = False
     cases: tuple = ((100, 1), (100, 4), (3000, 1))
     env: dict[str, str] = field(default_factory=dict)
+    offload: bool = False  # QSA K/V in host RAM, as the plan has it
     stock_model: bool = False  # the PLE-off, dummy-weight copy stock can load at PP>1
     mtp: bool = False  # MTP K=1 with the echo drafter copy (echo_drafter.py)
     new_tokens: int = 8
@@ -141,10 +143,9 @@ EQUALITY_MODES = (EAGER, PROFILE)
 
 
 def mode_engine(name: str, mode: Mode, pp: int, **kw) -> Engine:
-    env = dict(OFFLOAD_ENV) if mode.offload else {}
     return Engine(
         name, "patched", pp, graphs=mode.graphs, table=mode.table, capture=True,
-        cases=kw.pop("cases", EQUALITY_CASES), env=env, mtp=mode.mtp, **kw,
+        cases=kw.pop("cases", EQUALITY_CASES), offload=mode.offload, mtp=mode.mtp, **kw,
     )  # fmt: skip
 
 
@@ -206,10 +207,19 @@ EQUALITY_PAIRS = (
 EXPECTED_CATCH = {"boundary_shift": "layer.4.", "drop_one_token": "layer.3.qsa"}
 
 
-def spec_for(engine: Engine, args) -> dict[str, Any]:
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", **engine.env}
+def engine_env(engine: Engine, plan: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The plan's environment for this engine, and the plan's variables it drops."""
+    dropped = [] if engine.offload else [k for k in OFFLOAD_KEYS if k in plan["env"]]
+    env = {k: v for k, v in plan["env"].items() if k not in dropped} | engine.env
     if engine.pp > 1:
-        env |= ONE_GPU_ENV
+        env |= ONE_GPU_ENV  # the emulation's shim: three ranks on GPU 0
+    return env, dropped
+
+
+def spec_for(engine: Engine, args) -> dict[str, Any]:
+    """The engine's spec: the plan (engine.py takes its arguments from there) and
+    what this engine differs in (engine.py's overrides, the env's drops)."""
+    env, dropped = engine_env(engine, args.plan)
     model = args.stock_model if engine.stock_model else args.model
     if engine.mtp:
         model = args.echo_model
@@ -224,7 +234,9 @@ def spec_for(engine: Engine, args) -> dict[str, Any]:
         "capture": engine.capture,
         "cases": [list(c) for c in engine.cases],
         "max_new_tokens": engine.new_tokens,
+        "plan": {"argv": args.plan["argv"], "env": args.plan["env"]},
         "env": env,
+        "env_dropped": dropped,
     }
     if engine.mtp:
         spec["speculative_config"] = MTP
@@ -408,6 +420,10 @@ def main() -> int:
         parser.add_argument(f"--{name}", type=Path, required=True)
     parser.add_argument("--echo-model", type=Path, help="the echo-drafter copy (MTP engines)")
     parser.add_argument(
+        "--plan", type=Path, required=True,
+        help="`flashnext plan --json` of the h200-tiny-pp3 profile: every engine's settings",
+    )  # fmt: skip
+    parser.add_argument(
         "--spread-from", type=Path, help="an earlier equality result whose spread to use"
     )
     parser.add_argument("--run-id", required=True)
@@ -416,6 +432,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="engine names to run (default: all of the phase)")
     parser.add_argument("--cases", nargs="*", help="TOKENSxBATCH cases instead of each engine's")
     args = parser.parse_args()
+    args.plan = json.loads(args.plan.read_text())
     args.raw.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
@@ -425,6 +442,8 @@ def main() -> int:
         "devices": 1,
         "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"),
         "series": _series_stamp(args.kit),
+        "profile": args.plan.get("profile"),
+        "plan_hash": args.plan.get("plan_hash"),
     }
     result |= diagnose(args) if args.phase == "diagnose" else equality(args)
     dest = args.out / f"pp3_{args.phase}-{args.run_id}.json"

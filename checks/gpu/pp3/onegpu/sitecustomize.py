@@ -1,7 +1,7 @@
 """Test-only shim: vLLM's pipeline-parallel ranks all on one GPU.
 
 Active only when FLASHNEXT_PP_ONE_GPU=1 and this folder is first on
-PYTHONPATH (checks/gpu/pp3 and `checks/gpu/serve-tiny` with PP_ONE_GPU=1 set
+PYTHONPATH (checks/gpu/pp3 and `checks/gpu/serve/serve-tiny` with PP_ONE_GPU=1 set
 both; nothing shipped does; the values are checks/gpu/pp3/emulation.py's).
 Three things stop three ranks sharing cuda:0, and each is bent here, nowhere
 else:

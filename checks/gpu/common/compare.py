@@ -1,0 +1,307 @@
+"""Compare two engines' layer captures token by token (capture.py's files).
+
+    python checks/gpu/common/compare.py REF_OUT.json OTHER_OUT.json [--json FILE]
+
+For every case both engines ran, every capture point both hold (a rank's
+files are merged: PP=3 spreads the layers over three files, PP=1 holds them
+in one), the rows are matched by token key (position, input id); keys seen
+twice in either engine are dropped (a collision of random prompts, or a
+padded row). Per point: max and mean relative difference,
+|a - b| / mean|a| over the row, and the first position where any row parts.
+
+The verdict (`judge`) holds each point to bf16 rounding on its clean rows:
+those before the first position where the layer's input (the previous
+layer's materialized output) parts, so a layer is judged only where both
+engines fed it the same tokens; what a parting does downstream is not
+judged again. Where a spread is given (two runs of the reference engine),
+a point's rows from the position where the reference parts from itself on
+may differ up to SPREAD_MARGIN times that spread: past the QSA indexer's
+budget the selection is tie-sensitive, and the reference disagrees with
+itself. Rows before it are held to rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+POINT_ORDER = ("in", "mix", "mix_fused", "block_input", "ple", "gdn", "qsa", "moe", "out")
+
+# Per row: |a - b| / mean|a|. One bf16 ulp is 2^-8 relative; a row's mean
+# difference above that, or its largest element off by 16 ulps of the row's
+# mean magnitude, is not rounding.
+BF16_ROW_MEAN = 2.0**-8
+BF16_ROW_MAX = 2.0**-4
+SPREAD_MARGIN = 2.0
+
+
+def load_case(out_json: Path, case: str) -> dict[str, tuple]:
+    import torch
+
+    merged: dict[str, tuple] = {}
+    for path in sorted(out_json.parent.glob(f"{out_json.stem}.{case}.rank*.pt")):
+        merged.update(torch.load(path))
+    return merged
+
+
+def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
+    seen: dict[tuple[int, int], int] = {}
+    dup: set[tuple[int, int]] = set()
+    for i, key in enumerate(zip(pos.tolist(), ids.tolist(), strict=True)):
+        if key in seen:
+            dup.add(key)
+        seen[key] = i
+    return {k: v for k, v in seen.items() if k not in dup}
+
+
+FINGERPRINT = "#fp"  # capture.py: rows left out of a long prompt, as exact fingerprints
+
+
+def first_fingerprint_parting(a: tuple | None, b: tuple | None) -> int | None:
+    """The first position whose row fingerprints differ (rows both engines hold)."""
+    if a is None or b is None:
+        return None
+    ua, ub = _unique_rows(*a), _unique_rows(*b)
+    parted = [k[0] for k in set(ua) & set(ub) if int(a[2][ua[k]][0]) != int(b[2][ub[k]][0])]
+    return min(parted) if parted else None
+
+
+def compare_point(
+    a: tuple, b: tuple, clean_before: int | None = None, loose_from: int | None = None
+) -> dict[str, Any]:
+    """a, b: (positions, ids, rows). clean_before: rows at this position or
+    later are not judged (their input already parted). loose_from: judged
+    rows at this position or later are reported apart (loose_*), held to the
+    reference's spread rather than to rounding."""
+    import torch
+
+    ua, ub = _unique_rows(*a), _unique_rows(*b)
+    keys = sorted(set(ua) & set(ub))
+    if not keys:
+        return {"tokens": 0, "only_ref": len(ua), "only_other": len(ub)}
+    ra = a[2][torch.tensor([ua[k] for k in keys])]
+    rb = b[2][torch.tensor([ub[k] for k in keys])]
+    scale = ra.abs().mean(dim=1).clamp_min(1e-12)
+    diff = (ra - rb).abs()
+    rel_max = diff.max(dim=1).values / scale
+    rel_mean = diff.mean(dim=1) / scale
+    parted = (diff.max(dim=1).values > 0).nonzero().flatten()
+    first = min(keys[int(i)][0] for i in parted) if len(parted) else None
+    clean = torch.tensor([clean_before is None or k[0] < clean_before for k in keys])
+    loose = torch.tensor([loose_from is not None and k[0] >= loose_from for k in keys])
+    strict, loose = clean & ~loose, clean & loose
+
+    def worst(rel, rows) -> float:
+        return float(rel[rows].max()) if bool(rows.any()) else 0.0
+
+    return {
+        "tokens": len(keys),
+        "only_ref": len(ua) - len(keys),
+        "only_other": len(ub) - len(keys),
+        "max_rel": float(rel_max.max()),
+        "mean_rel": float(rel_mean.mean()),
+        "max_row_mean_rel": float(rel_mean.max()),
+        "identical_frac": float((diff.max(dim=1).values == 0).float().mean()),
+        "first_parting_position": first,
+        "clean_before": clean_before,
+        "clean_tokens": int(clean.sum()),
+        "clean_row_max_rel": worst(rel_max, strict),
+        "clean_row_mean_rel": worst(rel_mean, strict),
+        "loose_from": loose_from,
+        "loose_tokens": int(loose.sum()),
+        "loose_row_max_rel": worst(rel_max, loose),
+        "loose_row_mean_rel": worst(rel_mean, loose),
+    }
+
+
+def _order(name: str) -> tuple:
+    m = re.match(r"layer\.(\d+)\.(\w+)", name)
+    if not m:
+        return (10**6, name)
+    tag = m.group(2)
+    return (int(m.group(1)), POINT_ORDER.index(tag) if tag in POINT_ORDER else 9)
+
+
+def _layer(name: str) -> int | None:
+    m = re.match(r"layer\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def compare_case(
+    ca: dict[str, tuple], cb: dict[str, tuple], spread: dict[str, dict] | None = None
+) -> dict[str, dict]:
+    """Every point both hold, in layer order; each judged on the rows before
+    its input's first parting (the previous layer's `out`; `final` after the
+    last layer's). spread: the reference's points against itself."""
+    points: dict[str, dict] = {}
+    # layer -> first parting of what the next layers get: its out, and at a
+    # layer that starts a rank in one engine only, the block input it mixes.
+    parted_at: dict[float, int | None] = {}
+    names = {n for n in set(ca) & set(cb) if not n.endswith(FINGERPRINT)}
+    for name in sorted(names | _block_inputs(ca, cb), key=_order):
+        layer = _layer(name)
+        inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
+        if name.split(".")[-1] in ("ple", "gdn", "qsa", "moe", "out"):
+            inputs += [p for l_, p in parted_at.items() if l_ == layer + 0.5]
+        firsts = [p for p in inputs if p is not None]
+        clean_before = min(firsts) if firsts else None
+        loose_from = (spread or {}).get(name, {}).get("first_parting_position")
+        a, b = _pair(name, ca, cb)
+        points[name] = compare_point(a, b, clean_before, loose_from)
+        # A long prompt's rows left out of the capture may part first.
+        fa, fb = _pair(name, ca, cb, suffix=FINGERPRINT)
+        unseen = first_fingerprint_parting(fa, fb)
+        seen = points[name].get("first_parting_position")
+        if unseen is not None and (seen is None or unseen < seen):
+            points[name]["first_parting_position"] = unseen
+            points[name]["first_parting_unkept"] = True
+        if name.endswith(".out") and layer is not None:
+            parted_at[layer] = points[name].get("first_parting_position")
+        if name.endswith(".block_input"):
+            parted_at[layer + 0.5] = points[name].get("first_parting_position")
+    return points
+
+
+def _block_inputs(ca: dict, cb: dict) -> set[str]:
+    """`layer.N.block_input` where the reference fused its boundary path
+    (mix_fused) and the other engine started a rank there (mix only)."""
+    return {
+        name.removesuffix(".mix_fused") + ".block_input"
+        for name in ca
+        if name.endswith(".mix_fused") and name not in cb and name.removesuffix("_fused") in cb
+    }
+
+
+def _pair(name: str, ca: dict, cb: dict, suffix: str = "") -> tuple:
+    """The two captures a point compares: the reference's fused block input
+    against the other's mix for `block_input`, else the same name (None
+    where one engine lacks it, e.g. fingerprints of a short prompt)."""
+    if name.endswith(".block_input"):
+        stem = name.removesuffix(".block_input")
+        return ca.get(f"{stem}.mix_fused{suffix}"), cb.get(f"{stem}.mix{suffix}")
+    return ca.get(name + suffix), cb.get(name + suffix)
+
+
+def spread_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per point, the reference's largest spread over all its cases (row max,
+    row mean), times SPREAD_MARGIN: one run's spread is one draw of a
+    tie-sensitive process, the cases together are the declared bound."""
+    bounds: dict[str, tuple[float, float]] = {}
+    for entry in spread_cases.values():
+        for name, s in entry["points"].items():
+            if not s.get("tokens"):
+                continue
+            old = bounds.get(name, (0.0, 0.0))
+            bounds[name] = (
+                max(old[0], SPREAD_MARGIN * s["max_rel"]),
+                max(old[1], SPREAD_MARGIN * s["max_row_mean_rel"]),
+            )
+    return bounds
+
+
+def judge(
+    points: dict[str, dict], bounds: dict[str, tuple[float, float]] | None = None
+) -> dict[str, Any]:
+    """The first point over its bound, and the largest differences seen.
+    bounds: spread_bounds() of the reference's spread, for the loose rows."""
+    first_over = None
+    for name, s in points.items():
+        if not s.get("tokens"):
+            continue
+        spread_max, spread_mean = (bounds or {}).get(name, (0.0, 0.0))
+        bound_max = max(BF16_ROW_MAX, spread_max)
+        bound_mean = max(BF16_ROW_MEAN, spread_mean)
+        over = (
+            s["clean_row_max_rel"] > BF16_ROW_MAX
+            or s["clean_row_mean_rel"] > BF16_ROW_MEAN
+            or s["loose_row_max_rel"] > bound_max
+            or s["loose_row_mean_rel"] > bound_mean
+        )
+        if over and first_over is None:
+            first_over = name
+    judged = [s for s in points.values() if s.get("tokens")]
+    return {
+        "equal": first_over is None and bool(judged),
+        "first_layer_over_bound": first_over,
+        "layer_max_rel": max((s["max_rel"] for s in judged), default=None),
+        "layer_mean_rel": max((s["mean_rel"] for s in judged), default=None),
+    }
+
+
+def boundary_paths(out_json: Path) -> dict[str, dict[str, Any]]:
+    """Within one PP=1 engine, per case: at each layer that starts a PP=3 rank,
+    the block input PP=1 computes (combine fused with the HC norm) against
+    the one PP=3 computes from the materialized input (combine, then norm)."""
+    record = json.loads(out_json.read_text())
+    found: dict[str, dict[str, Any]] = {}
+    for case in record.get("cases", {}):
+        points = load_case(out_json, case)
+        for name in sorted(points, key=_order):
+            if name.endswith(".mix_fused"):
+                split = name.removesuffix("_fused")
+                if split in points:
+                    result = compare_point(points[name], points[split])
+                    unseen = first_fingerprint_parting(
+                        points.get(name + FINGERPRINT), points.get(split + FINGERPRINT)
+                    )
+                    seen = result.get("first_parting_position")
+                    if unseen is not None and (seen is None or unseen < seen):
+                        result["first_parting_position"] = unseen
+                    found.setdefault(case, {})[split] = result
+    return found
+
+
+def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -> dict[str, Any]:
+    """spread: compare_runs of the reference against itself (its cases' points)."""
+    ra, rb = json.loads(ref.read_text()), json.loads(other.read_text())
+    cases: dict[str, Any] = {}
+    for case in ra.get("cases", {}):
+        if case not in rb.get("cases", {}):
+            continue
+        ca, cb = load_case(ref, case), load_case(other, case)
+        cases[case] = {
+            "ids_equal": ra["cases"][case]["output_ids"] == rb["cases"][case]["output_ids"],
+            "points": compare_case(
+                ca, cb, (spread or {}).get("cases", {}).get(case, {}).get("points")
+            ),
+            "missing": sorted(set(ca) ^ set(cb)),
+        }
+    return {"ref": ra["run"], "other": rb["run"], "cases": cases}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"== {result['ref']} vs {result['other']}"]
+    for case, entry in result["cases"].items():
+        lines.append(f"  {case}: ids equal {entry['ids_equal']}; missing {entry['missing']}")
+        for name, s in entry["points"].items():
+            if not s.get("tokens"):
+                lines.append(f"    {name:18} no common tokens ({s})")
+                continue
+            lines.append(
+                f"    {name:18} tokens {s['tokens']:6d} max_rel {s['max_rel']:.2e} "
+                f"mean_rel {s['mean_rel']:.2e} identical {s['identical_frac']:.2f} "
+                f"first_parting_pos {s['first_parting_position']} "
+                f"clean {s['clean_tokens']} row_max {s['clean_row_max_rel']:.2e} "
+                f"row_mean {s['clean_row_mean_rel']:.2e}"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ref", type=Path)
+    parser.add_argument("other", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = compare_runs(args.ref, args.other)
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""checks/gpu/common/plan_settings.py, and the PP=3 harness held to the plan it tests.
+
+The plan is `flashnext plan --json` for the h200-tiny-pp3 profile on the real
+12-layer tiny checkpoint with replayed facts of three H200s; vLLM 0.33.0's
+own `vllm serve` parser (in the pinned env: FLASHNEXT_VLLM_PY) turns its argv
+into LLM(...) arguments. When the profile changes, the plan's arguments
+change with it, and every engine of the PP=3 harness (checks/gpu/pp3:
+orchestrate.py's specs, engine.py's LLM(...) arguments) must follow, differing
+only in the overrides it names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[1]
+REPO = GPU.parents[1]
+sys.path.insert(0, str(GPU / "pp3"))
+sys.path.insert(0, str(REPO / "checks" / "launcher"))
+
+PROFILE = "h200-tiny-pp3"
+
+
+def vllm_python() -> str:
+    py = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not py:
+        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
+    return py
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    from h200_tiny_facts import h200_facts
+    from test_profile_h200_tiny_pp3 import three_h200s
+
+    py = vllm_python()
+    root = tmp_path_factory.mktemp("plan-settings")
+    model, table = root / "tiny12", root / "ple-packed.bin"
+    tiny_model = GPU / "tiny" / "tiny_model.py"
+    subprocess.run([py, str(tiny_model), str(model), "--layers", "12"], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
+         "--out", str(table), "--force"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    facts = root / "three.json"
+    facts.write_text(json.dumps(three_h200s(h200_facts(model, table, 8000))))
+    out = subprocess.run(
+        [sys.executable, "-m", "flashnext", "plan", "--json", "--facts", str(facts),
+         "--profile", PROFILE, "--model", str(model), "--table", str(table)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    path = root / "plan.json"
+    path.write_text(out.stdout)
+    return path, model, table
+
+
+def settings(plan_path: Path, *overrides: str) -> dict:
+    out = subprocess.run(
+        [vllm_python(), str(GPU / "common" / "plan_settings.py"), str(plan_path), *overrides],
+        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_the_plan_becomes_the_profiles_engine_arguments(plan):
+    from flashnext.profiles import available_profiles
+
+    path, model, table = plan
+    profile = available_profiles()[PROFILE]
+    doc = settings(path)
+    kw, env = doc["kwargs"], doc["env"]
+    assert kw["model"] == str(model) and kw["engram_config"]["mmap_path"] == str(table)
+    assert kw["pipeline_parallel_size"] == profile.parallel.pipeline_parallel_size == 3
+    assert (kw["max_model_len"], kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (
+        profile.scheduler.max_model_len,
+        profile.scheduler.max_num_seqs,
+        profile.scheduler.max_num_batched_tokens,
+    )
+    assert kw["enable_prefix_caching"] is profile.scheduler.enable_prefix_caching is False
+    assert kw["kv_cache_memory_bytes"] == profile.memory.kv_cache_memory_bytes_max
+    assert kw["gpu_memory_utilization"] == profile.memory.gpu_memory_utilization
+    assert kw["additional_config"] == profile.vllm.additional_config
+    assert env["VLLM_QSA_KV_OFFLOAD"] == "1"
+    assert env["VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS"] == str(profile.qsa_offload.chunk_tokens)
+    assert doc["overrides"] == {}
+
+
+def test_overrides_are_named_and_recorded(plan):
+    doc = settings(plan[0], "enforce_eager=true", "compilation_config=null")
+    assert doc["kwargs"]["enforce_eager"] is True and "compilation_config" not in doc["kwargs"]
+    assert doc["overrides"] == {"enforce_eager": True, "compilation_config": None}
+    out = subprocess.run(
+        [vllm_python(), str(GPU / "common" / "plan_settings.py"), str(plan[0]), "no_such_field=1"],
+        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert out.returncode != 0 and "'no_such_field' is not an EngineArgs field" in out.stderr
+
+
+# What a PP=3 harness engine may differ in from the plan, and why (pp3/engine.py).
+PP3_OVERRIDES = {
+    "model",  # the echo-drafter copy (MTP), the PLE-off stock copy
+    "pipeline_parallel_size",  # PP=1: the reference
+    "distributed_executor_backend",  # "mp": three ranks on one GPU (the emulation)
+    "enforce_eager", "compilation_config",  # the eager modes
+    "engram_config",  # PLE in VRAM (the PLE A/B, stock)
+    "speculative_config", "disable_log_stats",  # MTP on in the profile's mode only
+    "load_format",  # dummy weights for stock's copy
+}  # fmt: skip
+
+ENGINE_SIDE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import engine
+from plan_settings import _printable
+out = {}
+for name, spec in json.loads(open(sys.argv[2]).read()).items():
+    kwargs, applied = engine.engine_kwargs(spec)
+    out[name] = {"kwargs": {k: _printable(v) for k, v in kwargs.items()}, "overrides": applied}
+print(json.dumps(out, default=str))
+"""
+
+
+def pp3_engines(plan_doc: dict, model: Path, table: Path) -> dict:
+    """Every PP=3 harness engine's LLM(...) arguments and overrides, as engine.py builds them."""
+    from types import SimpleNamespace
+
+    import orchestrate
+
+    args = SimpleNamespace(
+        model=model, stock_model=model.parent / "stock", echo_model=model.parent / "echo",
+        tables=table.parent, plan=plan_doc,
+    )  # fmt: skip
+    engines = orchestrate.diagnose_engines() + orchestrate.equality_engines()
+    specs = {e.name: orchestrate.spec_for(e, args) for e in engines}
+    path = table.parent / "specs.json"
+    path.write_text(json.dumps(specs))
+    out = subprocess.run(
+        [vllm_python(), "-c", ENGINE_SIDE, str(GPU / "pp3"), str(path)],
+        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_the_pp3_engines_run_the_plans_settings(plan):
+    """Every PP=3 harness engine is the plan's engine but for named overrides."""
+    path, model, table = plan
+    doc = settings(path)["kwargs"]
+    engines = pp3_engines(json.loads(path.read_text()), model, table)
+    for name, engine in engines.items():
+        kwargs, applied = engine["kwargs"], engine["overrides"]
+        assert set(applied) <= PP3_OVERRIDES, (name, applied)
+        for key in set(doc) | set(kwargs):
+            if key not in applied:
+                assert kwargs.get(key) == doc.get(key), (name, key)
+    graphs = engines["pp3-graphs-offload-mtp"]
+    assert graphs["kwargs"]["compilation_config"] == doc["compilation_config"]
+    assert graphs["overrides"] == {
+        "distributed_executor_backend": "mp",
+        "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+        "disable_log_stats": False,
+        "model": str(model.parent / "echo"),
+    }
+    assert engines["pp1-eager-vram"]["overrides"] == {
+        "pipeline_parallel_size": 1, "enforce_eager": True, "compilation_config": None,
+    }  # fmt: skip
+
+
+def test_the_pp3_engines_follow_a_changed_profile(plan):
+    """A profile setting changed in the plan reaches every engine of the harness."""
+    path, model, table = plan
+    doc = json.loads(path.read_text())
+    argv = doc["argv"]
+    for flag, value in (("--max-num-seqs", "7"), ("--max-num-batched-tokens", "1024")):
+        argv[argv.index(flag) + 1] = value
+    engines = pp3_engines(doc, model, table)
+    assert {(e["kwargs"]["max_num_seqs"], e["kwargs"]["max_num_batched_tokens"])
+            for e in engines.values()} == {(7, 1024)}  # fmt: skip
+
+
+def test_engines_leave_the_plans_offload_env_only_in_vram_modes(plan):
+    """The plan's environment is each engine's; VRAM modes drop the QSA offload variables."""
+    from types import SimpleNamespace
+
+    import orchestrate
+
+    path, model, table = plan
+    plan_doc = json.loads(path.read_text())
+    args = SimpleNamespace(model=model, stock_model=model, echo_model=model,
+                           tables=table.parent, plan=plan_doc)  # fmt: skip
+    engines = {e.name: e for e in orchestrate.equality_engines()}
+    offload = orchestrate.spec_for(engines["pp1-graphs-offload-mtp"], args)
+    vram = orchestrate.spec_for(engines["pp1-eager-vram"], args)
+    assert offload["env"] == plan_doc["env"] and offload["env_dropped"] == []
+    assert vram["env_dropped"] == list(orchestrate.OFFLOAD_KEYS)
+    assert vram["env"] == {
+        k: v for k, v in plan_doc["env"].items() if k not in orchestrate.OFFLOAD_KEYS
+    }

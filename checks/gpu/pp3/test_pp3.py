@@ -1,0 +1,349 @@
+"""CPU tests of the PP=3-on-one-GPU harness (checks/gpu/pp3).
+
+The shim is tried against the real vLLM 0.33.0 ParallelConfig, and the
+layer comparison on capture files in the schema capture.dump writes, both in
+the pinned vLLM env's python (torch; FLASHNEXT_VLLM_PY, which checks/run
+sets). The engine specs need neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+PP3 = Path(__file__).resolve().parent
+# compare.py and capture.py, shared with other harnesses
+COMMON = PP3.parent / "common"
+sys.path.insert(0, str(PP3))
+
+import orchestrate  # noqa: E402
+
+
+def vllm_python() -> str:
+    py = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not py:
+        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
+    return py
+
+
+SHIM_PROBE = """
+import os
+from vllm.config import ParallelConfig
+config = ParallelConfig(pipeline_parallel_size=3, distributed_executor_backend="mp")
+print(config.get_local_gpu_index(2), os.environ.get("NCCL_HOSTID"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("switch", "expected"), [(None, "2 None"), ("1", "0 flashnext-onegpu-rank2")]
+)
+def test_the_one_gpu_shim_acts_only_when_asked(switch, expected):
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHNEXT_PP_ONE_GPU", "NCCL_HOSTID")}
+    env |= {"PYTHONPATH": str(PP3 / "onegpu"), "VLLM_TARGET_DEVICE": "cpu"}
+    if switch:
+        env["FLASHNEXT_PP_ONE_GPU"] = switch
+    out = subprocess.run(
+        [vllm_python(), "-c", SHIM_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+# The launcher's `vllm serve` names no executor backend: on one CUDA GPU, vLLM
+# refuses a world size of 3 unless the shim picks "mp" (the platform is made to
+# claim one CUDA device, as the lent host has).
+BACKEND_PROBE = """
+from vllm.platforms import current_platform
+platform = type(current_platform)
+platform.is_cuda = lambda self: True
+platform.device_count = classmethod(lambda cls: 1)
+from vllm.config import ParallelConfig
+try:
+    pp3 = ParallelConfig(pipeline_parallel_size=3).distributed_executor_backend
+except Exception as exc:
+    pp3 = "refused: " + str(exc).splitlines()[1].split(" in this node")[0].strip()
+print(pp3, "|", ParallelConfig().distributed_executor_backend)
+"""
+
+
+@pytest.mark.parametrize(
+    ("switch", "expected"),
+    [
+        (
+            None,
+            "refused: Value error, World size (3) is larger than the number of available GPUs "
+            "(1) | uni",
+        ),
+        ("1", "mp | uni"),
+    ],
+)
+def test_the_shim_picks_mp_when_serve_names_no_backend(switch, expected):
+    env = {k: v for k, v in os.environ.items() if k != "FLASHNEXT_PP_ONE_GPU"}
+    env |= {"PYTHONPATH": str(PP3 / "onegpu"), "VLLM_TARGET_DEVICE": "cpu"}
+    if switch:
+        env["FLASHNEXT_PP_ONE_GPU"] = switch
+    out = subprocess.run(
+        [vllm_python(), "-c", BACKEND_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_the_shim_imports_nothing_of_vllm_itself():
+    """The launcher and the bench client run under the shim's env too: vLLM is patched
+    when it is imported, never imported by the shim."""
+    from emulation import shim_env
+
+    env = os.environ | shim_env(None)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if 'vllm' in m))"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+CAPTURES = """
+import json, sys, torch
+from pathlib import Path
+root = Path(sys.argv[1])
+hidden = 6
+pos = torch.arange(10)
+ids = torch.arange(100, 110)
+rows = torch.randn(10, hidden, generator=torch.Generator().manual_seed(0))
+def write(run, files):
+    (root / f"{run}.out.json").write_text(json.dumps(
+        {"run": run, "cases": {"10x1": {"output_ids": [[1, 2]]}}}))
+    for rank, points in enumerate(files):
+        # engine.py's names: OUT.<case>.rank<R>.pt beside OUT.json
+        torch.save(points, root / f"{run}.out.10x1.rank{rank}.pt")
+ref = {"layer.0.out": (pos, ids, rows), "layer.1.out": (pos, ids, rows * 2)}
+write("ref", [ref])
+# PP=3-like: the layers in two files, tokens in another order, one token of
+# layer 1 changed from position 7 on, and a duplicated key (dropped).
+order = torch.tensor([3, 1, 2, 0, 4, 5, 6, 7, 8, 9, 9])
+changed = rows * 2
+changed[7] += 1.0
+write("other", [{"layer.0.out": (pos[order], ids[order], rows[order])},
+                {"layer.1.out": (pos[order], ids[order], changed[order])}])
+sys.path.insert(0, sys.argv[2])
+from compare import compare_runs
+print(json.dumps(compare_runs(root / "ref.out.json", root / "other.out.json")))
+"""
+
+
+def test_the_comparison_matches_tokens_across_ranks_and_orders(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", CAPTURES, str(tmp_path), str(COMMON)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    case = json.loads(out.stdout)["cases"]["10x1"]
+    layer0, layer1 = case["points"]["layer.0.out"], case["points"]["layer.1.out"]
+    # position 9 appears twice in the other run: dropped from the comparison
+    assert layer0["tokens"] == 9 and layer0["only_ref"] == 1
+    assert layer0["max_rel"] == 0.0 and layer0["first_parting_position"] is None
+    assert layer1["first_parting_position"] == 7 and layer1["max_rel"] > 0.1
+    assert layer1["identical_frac"] == pytest.approx(8 / 9)
+    assert case["ids_equal"] and case["missing"] == []
+
+
+def test_only_pp3_engines_get_the_one_gpu_environment():
+    plan = {"argv": ["vllm", "serve", "/m"], "env": {"VLLM_QSA_KV_OFFLOAD": "1"}}
+    args = SimpleNamespace(model=Path("/m"), stock_model=Path("/s"), tables=Path("/t"), plan=plan)
+    specs = {e.name: orchestrate.spec_for(e, args) for e in orchestrate.diagnose_engines()}
+    for name, spec in specs.items():
+        emulated = spec["env"].get("FLASHNEXT_PP_ONE_GPU") == "1"
+        assert emulated == (spec["pp"] == 3), name
+    stock = specs["pp3-stock"]
+    assert (stock["model"], stock["load_format"], stock["table"]) == ("/s", "dummy", None)
+    assert specs["pp1-ref"]["capture"] and specs["pp1-ref"]["table"] == "/t/ple-packed.bin"
+    assert specs["pp3-v1"]["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+def test_every_probe_an_engine_asks_for_exists():
+    import capture
+
+    in_place = {"none", "recv", "pre_forward", "post_forward", "sample", "layers"}
+    unknown = set(orchestrate.SYNC_PROBES) - in_place - set(capture._PROBES)
+    assert unknown == set()
+
+
+def _verdict(first_over, equal=None):
+    return {
+        "equal": first_over is None if equal is None else equal,
+        "first_layer_over_bound": first_over,
+        "layer_max_rel": 0.0 if first_over is None else 0.5,
+        "layer_mean_rel": 0.0 if first_over is None else 0.01,
+        "ids_equal": True,
+    }
+
+
+def _equality_result(verdicts):
+    return {
+        "phase": "equality",
+        "run_id": "t1",
+        "emulated": True,
+        "devices": 1,
+        "cuda_launch_blocking": False,
+        "series": {"series_sha256": "ab" * 32, "patches": ["0001-x.patch"]},
+        "verdicts": verdicts,
+    }
+
+
+def test_contract_reports_each_mode_case_and_where_the_sensitivity_runs_were_caught(tmp_path):
+    import contract
+
+    verdicts = {
+        "pp3-eager-vram": {"100x1": _verdict(None), "3000x4": _verdict("layer.3.qsa")},
+        "pp3-graphs-offload-mtp": {"100x4": _verdict(None)},
+        "boundary_shift": {"100x1": _verdict("layer.4.gdn"), "3000x1": _verdict("layer.4.gdn")},
+        # Caught, but one layer late in one case: not where it acts.
+        "drop_one_token": {"100x1": _verdict("layer.3.qsa"), "3000x1": _verdict("layer.3.moe")},
+        "ab-offload": {"100x1": _verdict(None)},
+    }
+    block = {"health": True, "smoke": True, "bench_c1_tok_s": 10.0, "bench_c4_tok_s": 30.0}
+    serve = {"serve": block | {"clean_stop": True, "mtp_acceptance": 0.5}}
+    pp3, ab = contract.build(_equality_result(verdicts), serve, ["checks/gpu/pp3/run equality t1"])
+    assert (pp3["pp_size"], pp3["devices"], pp3["emulated"]) == (3, 1, True)
+    assert pp3["cuda_launch_blocking"] is False and pp3["series_sha256"] == "ab" * 32
+    runs = {(r["mode"], r["prompt_tokens"], r["batch"]): r for r in pp3["runs"]}
+    assert runs[("eager-vram", 100, 1)]["equal_to_pp1"] is True
+    over = runs[("eager-vram", 3000, 4)]
+    assert over["equal_to_pp1"] is False and over["first_layer_over_bound"] == "layer.3.qsa"
+    assert runs[("graphs-offload-mtp", 100, 4)]["graphs"] == "full_decode_only"
+    assert pp3["sensitivity"] == {"drop_one_token_caught": False, "boundary_shift_caught": True}
+    assert pp3["serve"]["bench_c4_tok_s"] == 30.0 and pp3["serve"]["mtp_acceptance"] == 0.5
+    assert ab["pp_size"] == 1 and [r["mode"] for r in ab["runs"]] == ["QSA K/V offloaded vs VRAM"]
+
+
+def test_contract_refuses_a_serve_result_without_the_serve_block(tmp_path):
+    import contract
+
+    with pytest.raises(SystemExit, match="lacks"):
+        contract.build(_equality_result({}), {"steps": []}, ["x"])
+    equality = tmp_path / "eq.json"
+    equality.write_text(json.dumps(_equality_result({})))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert contract.main([str(equality), "--command", "c", "--out-dir", str(out)]) == 0
+    written = json.loads((out / "pp3-t1.json").read_text())
+    assert written["serve"] is None and written["sensitivity"]["boundary_shift_caught"] is None
+
+
+def _point(strict_max=0.0, strict_mean=0.0, loose_max=0.0, loose_mean=0.0):
+    return {
+        "tokens": 10, "max_rel": max(strict_max, loose_max), "mean_rel": strict_mean,
+        "clean_row_max_rel": strict_max, "clean_row_mean_rel": strict_mean,
+        "loose_row_max_rel": loose_max, "loose_row_mean_rel": loose_mean,
+    }  # fmt: skip
+
+
+def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_spread():
+    import compare
+
+    one_case = {"tokens": 5, "max_rel": 0.3, "max_row_mean_rel": 0.01}
+    other_case = {"tokens": 5, "max_rel": 0.1, "max_row_mean_rel": 0.02}
+    spread = compare.spread_bounds(
+        {"3000x1": {"points": {"layer.3.qsa": one_case}},
+         "100x1": {"points": {"layer.3.qsa": other_case}}}
+    )  # fmt: skip
+    # The largest spread over the cases, per statistic, times the margin.
+    assert spread == {"layer.3.qsa": (0.6, 0.04)}
+    rounding = compare.BF16_ROW_MEAN / 2
+    within = {"layer.2.gdn": _point(strict_mean=rounding), "layer.3.qsa": _point(loose_max=0.5)}
+    verdict = compare.judge(within, spread)
+    assert verdict["equal"] is True and verdict["first_layer_over_bound"] is None
+    # Past the spread's parting, twice the spread is the limit.
+    assert (
+        compare.judge({"layer.3.qsa": _point(loose_max=0.7)}, spread)["first_layer_over_bound"]
+        == "layer.3.qsa"
+    )
+    # Before it, the spread does not excuse anything.
+    late = {"layer.2.gdn": _point(), "layer.3.qsa": _point(strict_mean=4 * compare.BF16_ROW_MEAN)}
+    assert compare.judge(late, spread)["first_layer_over_bound"] == "layer.3.qsa"
+    # The first point over its bound is named, not a later one.
+    both = {"layer.1.moe": _point(strict_max=1.0), "layer.3.qsa": _point(strict_max=1.0)}
+    assert compare.judge(both)["first_layer_over_bound"] == "layer.1.moe"
+    assert compare.judge({})["equal"] is False  # nothing compared proves nothing
+
+
+BOUNDARY = """
+import json, sys, torch
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from compare import compare_case, judge
+pos, ids = torch.arange(10), torch.arange(100, 110)
+rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(1))
+def point(x):
+    return (pos, ids, x)
+rounded = rows.clone()
+rounded[5, 0] = rounded[5, 0] * (1 + 2**-8)   # one element, one bf16 ulp
+later = rows.clone()
+later[5:] += 0.5                               # what a recurrent layer makes of it
+# Layer 1 starts a rank in the other engine: the reference fused its combine
+# into the norm (mix_fused), the other mixed the materialized input (mix).
+ref = {"layer.0.out": point(rows), "layer.1.mix": point(rows),
+       "layer.1.mix_fused": point(rounded), "layer.1.gdn": point(rows)}
+other = {"layer.0.out": point(rows), "layer.1.mix": point(rows), "layer.1.gdn": point(later)}
+points = compare_case(ref, other)
+print(json.dumps({"points": points, "verdict": judge(points),
+                  "wrong": judge(compare_case(ref | {"layer.1.mix_fused": point(rows)}, other))}))
+"""
+
+
+def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_later(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", BOUNDARY, str(COMMON)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    block = result["points"]["layer.1.block_input"]
+    assert block["first_parting_position"] == 5 and block["clean_row_max_rel"] < 0.05
+    gdn = result["points"]["layer.1.gdn"]
+    assert gdn["clean_before"] == 5 and gdn["clean_tokens"] == 5
+    assert result["verdict"]["equal"] is True
+    # Had both block inputs been the same, the later rows would be judged: caught.
+    assert result["wrong"]["first_layer_over_bound"] == "layer.1.gdn"
+
+
+THINNED = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import capture
+from compare import FINGERPRINT, compare_case
+pos, ids = torch.arange(40), torch.arange(500, 540)
+rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(2)).bfloat16()
+other_rows = rows.clone()
+other_rows[13] += 1     # a row the thinned capture leaves out
+def thinned(x):
+    capture._STATE.update(on=True, keys=(pos, ids), keep=(8, 40), rows={})
+    capture._store("layer.0.out", x)
+    return {n: (torch.cat([p for p, _, _ in v]), torch.cat([i for _, i, _ in v]),
+                torch.cat([r for _, _, r in v]) if n.endswith(FINGERPRINT)
+                else torch.cat([r for _, _, r in v]).float())
+            for n, v in capture._STATE["rows"].items()}
+a, b = thinned(rows), thinned(other_rows)
+same = thinned(rows.clone())
+print(json.dumps({"kept": int(a["layer.0.out"][0].numel()),
+                  "parted": compare_case(a, b)["layer.0.out"],
+                  "same": compare_case(a, same)["layer.0.out"]}))
+"""
+
+
+def test_a_thinned_capture_still_finds_where_rows_it_left_out_part(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", THINNED, str(COMMON)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["kept"] == 5  # positions 0, 8, 16, 24, 32
+    assert result["parted"]["max_rel"] == 0.0  # the kept rows are equal ...
+    assert result["parted"]["first_parting_position"] == 13  # ... the left-out row 13 is not
+    assert result["same"]["first_parting_position"] is None
