@@ -42,7 +42,7 @@ from flashnext.facts.schema import (
 )
 from flashnext.read_errors import unreadable
 
-# Names other code imports from here (checks/gpu/tiny_model.py: tensor_nbytes).
+# Names other code imports from here (checks/gpu/tiny/tiny_model.py: tensor_nbytes).
 __all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
 
 CONFIG_FILE = "config.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent / "perf" / "hbm_bandwidth.py"
+SCRIPT = Path(__file__).resolve().parent / "hbm_bandwidth.py"
 
 
 def test_cpu_run_writes_the_bandwidth_of_each_stream(tmp_path):
