@@ -45,6 +45,7 @@ from flashnext.plan.mtp_projection import StepCost, project_mtp
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.partition import pp_layer_ranges, rank_of_layer
 from flashnext.plan.placement import place_tensor
+from flashnext.plan.start_peak import StartPeak, largest_repack, predict, repack_layers
 from flashnext.profiles import Profile
 
 Source = Literal["flag", "env", "profile", "derived"]
@@ -83,6 +84,9 @@ class RankPlan:
     drafter_weight_bytes: int = 0
     """The MTP drafter's weights resident in VRAM (last rank, when it is placed; its
     experts and embedding are in host memory: plan/mtp.py); not in weight_bytes."""
+    start_peak: StartPeak | None = None
+    """The most the rank holds while starting (plan/start_peak.py): the load's repack
+    transient and the CUDA context, beside the committed bytes."""
 
     @property
     def committed_bytes(self) -> int:
@@ -164,6 +168,8 @@ class Plan:
             if not derived.drafter_weight_bytes:  # plans without MTP keep their hash
                 rank.pop("drafter_weight_bytes")
             rank["committed_bytes"] = derived.committed_bytes
+            if derived.start_peak is not None:
+                rank["start_peak"] = derived.start_peak.to_json()
             rank["headroom_bytes"] = derived.headroom_bytes
         doc["decode"]["bytes_per_token"] = self.decode.bytes_per_token
         doc["decode"]["tokens_per_s"] = round(self.decode.tokens_per_s, 2)
@@ -420,6 +426,7 @@ def _plan(
         )
         for r in range(pp)
     )
+    rank_plans = _with_start_peaks(model, text, profile, rank_plans, mtp)
     # The QSA pools hold the drafter's K/V arena when it is placed; its offloaded
     # weights are pinned by the offloader, beside them.
     pinned = (qsa.pinned_total_bytes if qsa else 0) + (
@@ -448,6 +455,39 @@ def _plan(
         mtp=mtp,
         kv_capacity=sized.capacity,
     )
+
+
+def _with_start_peaks(
+    model: ModelFacts,
+    text: dict[str, Any],
+    profile: Profile,
+    ranks: tuple[RankPlan, ...],
+    mtp: MtpFit | None,
+) -> tuple[RankPlan, ...]:
+    """Each rank with its predicted start peak (plan/start_peak.py)."""
+    layers = repack_layers(
+        model.tensor_bytes_by_class(),
+        frozenset(ple_shard_names(model.text_config)),
+        config_int(text, "num_experts", 0, minimum=0),
+    )
+    memory = profile.memory
+    source = memory.cuda_context_source or f"not in profile {profile.name}: counted as 0"
+    last = len(ranks) - 1
+    out = []
+    for r in ranks:
+        placed = mtp is not None and mtp.fits and r.rank == last and mtp.load is not None
+        peak = predict(
+            weight_bytes=r.weight_bytes,
+            workspace_bytes=r.workspace_bytes,
+            pp_buffer_bytes=r.pp_buffer_bytes,
+            committed_bytes=r.committed_bytes,
+            context_bytes=memory.cuda_context_bytes,
+            context_source=source,
+            repack=largest_repack(layers, *r.layers),
+            mtp_transient_bytes=mtp.load.transient_bytes if placed else None,
+        )
+        out.append(dataclasses.replace(r, start_peak=peak))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,12 @@ class MemorySpec:
     """Per PP rank: the most memory the rank was seen to take while starting, in a
     rank-fit run of its full-width slice (checks/gpu/RESULTS.md). Preflight warns
     when a card has less free; None: no such run for this profile."""
+    cuda_context_bytes: Bytes | None = None
+    """Device memory a vLLM process holds outside torch's allocator from init_device on
+    (CUDA context, library handles, driver mappings): the start peak's per-card
+    constant (plan/start_peak.py). None: not known for this card (counted as 0)."""
+    cuda_context_source: StrictStr | None = None
+    """Where cuda_context_bytes comes from (a result file), and on which card."""
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
