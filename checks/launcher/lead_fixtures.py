@@ -143,7 +143,7 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
         ("rank0.start",),
     ),
     # 25.05 GB free: enough for vLLM's utilization (0.97 x 24 GiB = 25.00 GB), not
-    # for rank 0's measured start (25.13 GB), e.g. a display server on the card.
+    # for rank 0's predicted start (25.15 GB), e.g. a display server on the card.
     "gpu0_short_of_the_start_peak": (
         lambda f: _first_gpu(f, memory_free_bytes=25_050_000_000),
         "rank0.start",

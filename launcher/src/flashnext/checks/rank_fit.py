@@ -68,32 +68,35 @@ def plan_fits(inp: PreflightInput) -> Iterator[Finding]:
 
 
 def _start_peaks(inp: PreflightInput) -> Iterator[Finding]:
-    """Each card's free memory against what its rank was measured to take while
-    starting (the profile's rank-fit figures; the plan's budget does not hold the
-    load-time repack). A warning: the figures are an H200's, an upper bound."""
-    peaks = inp.profile.memory.measured_start_peak_bytes
+    """Each card's free memory against what its rank is predicted to hold while
+    starting (plan/start_peak.py: the load-time repack is beyond the plan's serving
+    budget). A warning: its CUDA context term is an H200's figure."""
+    peaks = [r.start_peak for r in inp.plan.ranks]
     devices = sorted(inp.facts.gpu.devices, key=lambda d: d.index)
-    if not peaks or len(peaks) != len(inp.plan.ranks) or len(devices) < len(peaks):
+    if not peaks or None in peaks or len(devices) < len(peaks):
         return
     for rank, (peak, d) in enumerate(zip(peaks, devices, strict=False)):
         tag = f"rank{rank}.start"
-        if d.memory_free_bytes >= peak:
-            yield _ok(tag, f"GPU {d.index}: {gib(d.memory_free_bytes)} free", f">= {gib(peak)}",
-                      f"start peak measured {gib(peak)}",
-                      measured_bytes=d.memory_free_bytes, required_bytes=peak)  # fmt: skip
+        need = peak.predicted_bytes
+        terms = " + ".join(f"{t.name} {gib(t.bytes)}" for t in peak.terms if t.bytes)
+        if d.memory_free_bytes >= need:
+            yield _ok(tag, f"GPU {d.index}: {gib(d.memory_free_bytes)} free", f">= {gib(need)}",
+                      f"start peak predicted {gib(need)} ({peak.phase})",
+                      measured_bytes=d.memory_free_bytes, required_bytes=need)  # fmt: skip
             continue
         yield Finding(
             tag,
             "warn",
             f"GPU {d.index}: {gib(d.memory_free_bytes)} free",
-            f">= {gib(peak)}",
-            f"rank {rank} was measured to take up to {gib(peak)} while loading (vLLM's MoE "
-            f"repack, checks/gpu/RESULTS.md run r7); GPU {d.index} has "
-            f"{gib(d.memory_free_bytes)} free, so the start may run out of memory",
+            f">= {gib(need)}",
+            f"rank {rank} is predicted to hold up to {gib(need)} while starting "
+            f"({peak.phase}: {terms}; `flashnext plan --json` ranks[].start_peak says why); "
+            f"GPU {d.index} has {gib(d.memory_free_bytes)} free, so the start may run out "
+            "of memory",
             f"free memory on GPU {d.index} (nvidia-smi lists what holds it: a display server "
             "or another process)",
             measured_bytes=d.memory_free_bytes,
-            required_bytes=peak,
+            required_bytes=need,
         )
 
 
