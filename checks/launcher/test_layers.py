@@ -7,6 +7,7 @@ deferred import is still a dependency) is read with `ast`, never executed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
@@ -147,3 +148,20 @@ def test_deferred_and_relative_imports_count(tmp_path):
     assert _imports(f, "flashnext.m") == {
         "flashnext.plan", "flashnext.plan.command", "flashnext", "flashnext.units"
     }  # fmt: skip
+
+
+def readme_floors() -> list[set[str]]:
+    """The README's drawing of the floors (Layout), top first: each line's first column
+    (before a run of spaces) names the floor's modules; an indented line continues."""
+    readme = (PACKAGE.parents[2] / "README.md").read_text()
+    block = readme.split("<!-- layers: top first", 1)[1].split("```text\n", 1)[1]
+    floors = []
+    for line in block.split("\n```", 1)[0].splitlines():
+        if not line.startswith(" "):
+            names = re.split(r"\s{2,}", line, maxsplit=1)[0].split()
+            floors.append({n.removesuffix("/").removesuffix(".py") for n in names})
+    return floors
+
+
+def test_the_readme_draws_the_floors_as_they_are():
+    assert readme_floors() == [set(floor) for floor in reversed(LAYERS)]
