@@ -31,7 +31,9 @@ row's prefill chunk and batch apart between engines (`row_contexts`) and
 which rows past the prompt are an MTP verify step's draft positions
 (`row_kinds`). And the Triton autotuners' choices in this process (`dump`'s
 `autotune`): the FLA GDN kernels pick their config by timing, once per
-process, so two engines can run the same GDN with different configs. Captured rows are cloned on the GPU in the forward's stream (no
+process, so two engines can run the same GDN with different configs.
+
+Captured rows are cloned on the GPU in the forward's stream (no
 host sync, so the hooks cannot hide a race) and copied to the host only by
 `dump`, between generate calls.
 
@@ -138,9 +140,9 @@ def autotune_choices() -> dict[str, dict[str, str]]:
             continue
         for attr, obj in list(vars(mod).items()):
             cache = getattr(obj, "cache", None)
-            if isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn"):
-                if cache:
-                    found[f"{mod_name}.{attr}"] = {str(k): str(v) for k, v in cache.items()}
+            tuner = isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn")
+            if tuner and cache:
+                found[f"{mod_name}.{attr}"] = {str(k): str(v) for k, v in cache.items()}
     return dict(sorted(found.items()))
 
 

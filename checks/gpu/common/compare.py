@@ -125,6 +125,7 @@ def schedule_parting(a: tuple | None, b: tuple | None) -> dict[str, Any]:
 def autotune_difference(a: list | None, b: list | None) -> dict[str, Any]:
     """The autotuners (capture.dump's `autotune`, merged over ranks) whose
     chosen config differs for a key both engines tuned."""
+
     def merged(dumps):
         out: dict[str, dict[str, str]] = {}
         for d in dumps or []:
@@ -433,8 +434,9 @@ def echo_acceptance(ids: dict[str, list[list[int]]], spec_decode: dict | None) -
     sampled, so at K=1 a draft can be accepted only where the target repeats
     its previous token; each request verifies at most one draft per output
     token after the first. What an MTP engine's counters must satisfy."""
-    repeats = sum(a == b for seq in ids.values() for r in seq for a, b in zip(r, r[1:]))
-    most = sum(max(len(r) - 1, 0) for seq in ids.values() for r in seq)
+    rows = [r for seq in ids.values() for r in seq]
+    repeats = sum(a == b for r in rows for a, b in zip(r, r[1:], strict=False))
+    most = sum(max(len(r) - 1, 0) for r in rows)
     counts = spec_decode or {}
     drafts, accepted = counts.get("drafts"), counts.get("accepted_tokens")
     return {

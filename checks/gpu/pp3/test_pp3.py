@@ -381,7 +381,8 @@ def test_e1_echo_drafter_could_not_be_right_on_a_target_that_never_repeats():
 SCHEDULES = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from compare import STEPS, compare_case, parting_cause, row_kinds, schedule_parting, autotune_difference
+from compare import STEPS, compare_case, parting_cause, row_kinds, schedule_parting
+from compare import autotune_difference
 
 # e1's batch-4 split, scaled down (budget 12 tokens, prompts of 14): request A's
 # last chunk leaves 2 tokens of the budget to B in step 2 at both PP sizes; in
