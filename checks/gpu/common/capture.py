@@ -23,7 +23,17 @@ At the layers that start a PP=3 rank (4 and 8 of 12), in PP=1 and PP=3 alike:
 
 A token's key is (position, input id): prompts are distinct random ids, and a
 key seen twice in one engine (a collision or a padded row) is dropped by the
-comparison. Captured rows are cloned on the GPU in the forward's stream (no
+comparison.
+
+The schedule as the rank saw it (point `#steps`): for every row of every
+step, the step's number and its token count, so compare.py can tell each
+row's prefill chunk and batch apart between engines (`row_contexts`) and
+which rows past the prompt are an MTP verify step's draft positions
+(`row_kinds`). And the Triton autotuners' choices in this process (`dump`'s
+`autotune`): the FLA GDN kernels pick their config by timing, once per
+process, so two engines can run the same GDN with different configs.
+
+Captured rows are cloned on the GPU in the forward's stream (no
 host sync, so the hooks cannot hide a race) and copied to the host only by
 `dump`, between generate calls.
 
@@ -36,7 +46,16 @@ from __future__ import annotations
 
 from typing import Any
 
-_STATE: dict[str, Any] = {"on": False, "rows": {}, "hooks": [], "keys": None, "keep": None}
+_STATE: dict[str, Any] = {
+    "on": False,
+    "rows": {},
+    "hooks": [],
+    "keys": None,
+    "keep": None,
+    "step": 0,
+}
+
+STEPS = "#steps"  # per row: (step number, the step's token count); never thinned
 
 
 def _rank() -> int:
@@ -88,6 +107,43 @@ def _fingerprint(rows):
     data = rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1).long()
     weights = (torch.arange(data.shape[1], device=data.device) * 2654435761 + 1) % 2147483647
     return (data * weights).sum(dim=1, keepdim=True)
+
+
+def _store_step() -> None:
+    """One step's rows as the rank's first layer sees them: (step, tokens) per
+    row, on the GPU (no host sync)."""
+    import torch
+
+    if not _STATE["on"] or _STATE["keys"] is None:
+        return
+    pos, ids = _STATE["keys"]
+    _STATE["step"] += 1
+    n = pos.shape[0]
+    info = torch.empty((n, 2), dtype=torch.long, device=pos.device)
+    info[:, 0] = _STATE["step"]
+    info[:, 1] = n
+    _STATE["rows"].setdefault(STEPS, []).append((pos, ids, info))
+
+
+def step_pre(module, args, kwargs):
+    _store_step()
+
+
+def autotune_choices() -> dict[str, dict[str, str]]:
+    """Every Triton autotuner vLLM has loaded in this process, with the config
+    it chose per key (its `cache`): {module.kernel: {key: config}}."""
+    import sys
+
+    found: dict[str, dict[str, str]] = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("vllm") or mod is None:
+            continue
+        for attr, obj in list(vars(mod).items()):
+            cache = getattr(obj, "cache", None)
+            tuner = isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn")
+            if tuner and cache:
+                found[f"{mod_name}.{attr}"] = {str(k): str(v) for k, v in cache.items()}
+    return dict(sorted(found.items()))
 
 
 def install_capture(worker) -> dict[str, Any]:
@@ -143,6 +199,8 @@ def install_capture(worker) -> dict[str, Any]:
     for index in range(start, end):
         layer = model.layers[index]
         hooks.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
+        if index == start:
+            hooks.append(layer.register_forward_pre_hook(step_pre, with_kwargs=True))
         if index in boundaries and getattr(layer, "ple", None) is None:
             hooks.append(layer.register_forward_pre_hook(boundary_pre(index), with_kwargs=True))
         hooks.append(layer.register_forward_hook(layer_post(index), with_kwargs=True))
@@ -168,13 +226,15 @@ def start(worker, keep_every: int = 1, tail_from: int = 0) -> int:
     (the decode steps), so a 20,000-token case fits the host."""
     _STATE["rows"].clear()
     _STATE["keep"] = (keep_every, tail_from) if keep_every > 1 else None
+    _STATE["step"] = 0
     _STATE["on"] = True
     return _rank()
 
 
 def dump(worker, path: str) -> dict[str, Any]:
     """Stop capturing; write {point: (positions, ids, rows)} for this rank to
-    PATH.rank{R}.pt (rows as float32 on the host) and say how many."""
+    PATH.rank{R}.pt (rows as float32 on the host; fingerprints and `#steps`
+    as integers) and say how many, and the autotuners' choices so far."""
     import torch
 
     _STATE["on"] = False
@@ -183,12 +243,13 @@ def dump(worker, path: str) -> dict[str, Any]:
         pos = torch.cat([p for p, _, _ in parts]).cpu()
         ids = torch.cat([i for _, i, _ in parts]).cpu()
         rows = torch.cat([r.reshape(r.shape[0], -1) for _, _, r in parts]).cpu()
-        out[name] = (pos, ids, rows if name.endswith(FINGERPRINT) else rows.float())
+        exact = name.endswith(FINGERPRINT) or name == STEPS
+        out[name] = (pos, ids, rows if exact else rows.float())
     _STATE["rows"].clear()
     rank = _rank()
     target = f"{path}.rank{rank}.pt"
     torch.save(out, target)
-    return {"rank": rank, "points": len(out), "file": target}
+    return {"rank": rank, "points": len(out), "file": target, "autotune": autotune_choices()}
 
 
 # --- sync probes for the crash bisection -------------------------------------

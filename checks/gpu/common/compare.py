@@ -18,6 +18,14 @@ a point's rows from the position where the reference parts from itself on
 may differ up to SPREAD_MARGIN times that spread: past the QSA indexer's
 budget the selection is tie-sensitive, and the reference disagrees with
 itself. Rows before it are held to rounding.
+
+What parts two engines where the inputs are the same (e1's unexplained
+partings, RESULTS.md "What parts them, explained"): per case, `schedule`
+says where the two engines first ran a row in another prefill chunk or
+another step size (capture.py's `#steps`), `autotune` which Triton
+autotuners chose another config, `kinds` splits every point's rows into
+prompt, decode and MTP draft rows, and `cause` names the first of these
+that comes at or before the first parting. None of it changes a verdict.
 """
 
 from __future__ import annotations
@@ -58,6 +66,116 @@ def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
 
 
 FINGERPRINT = "#fp"  # capture.py: rows left out of a long prompt, as exact fingerprints
+STEPS = "#steps"  # capture.py: per row (step number, the step's token count)
+
+
+def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """Per token key, the context a step ran it in: (first position of its
+    run of consecutive positions in that step, i.e. its prefill chunk or its
+    verify pair, the run's length, the step's token count). Keys seen twice
+    (a recomputed or padded row) are left out."""
+    if steps is None:
+        return {}
+    pos, ids, info = (t.tolist() for t in steps)
+    contexts: dict[tuple[int, int], tuple[int, int, int]] = {}
+    dup: set[tuple[int, int]] = set()
+    i = 0
+    while i < len(pos):
+        j = i + 1
+        while j < len(pos) and info[j][0] == info[i][0] and pos[j] == pos[j - 1] + 1:
+            j += 1
+        for r in range(i, j):
+            key = (pos[r], ids[r])
+            if key in contexts:
+                dup.add(key)
+            contexts[key] = (pos[i], j - i, info[i][1])
+        i = j
+    return {k: v for k, v in contexts.items() if k not in dup}
+
+
+def row_kinds(steps: tuple | None, prompt_len: int) -> dict[tuple[int, int], str]:
+    """Per token key: `prompt` (position < prompt_len), `decode` (the first row
+    of its run past the prompt: the token the last step sampled) or `draft`
+    (a later row of that run: an MTP verify step's drafted position)."""
+    kinds = {}
+    for key, (start, _, _) in row_contexts(steps).items():
+        if key[0] < prompt_len:
+            kinds[key] = "prompt"
+        else:
+            kinds[key] = "decode" if key[0] == start else "draft"
+    return kinds
+
+
+def schedule_parting(a: tuple | None, b: tuple | None) -> dict[str, Any]:
+    """Where two engines first ran a token (both hold) in another context:
+    another chunk start, chunk length or step size."""
+    if a is None or b is None:
+        return {"recorded": False}
+    ca, cb = row_contexts(a), row_contexts(b)
+    both = set(ca) & set(cb)
+    moved = sorted(k[0] for k in both if ca[k] != cb[k])
+    return {
+        "recorded": True,
+        "tokens": len(both),
+        "other_context": len(moved),
+        "first_context_parting": moved[0] if moved else None,
+    }
+
+
+def autotune_difference(a: list | None, b: list | None) -> dict[str, Any]:
+    """The autotuners (capture.dump's `autotune`, merged over ranks) whose
+    chosen config differs for a key both engines tuned."""
+
+    def merged(dumps):
+        out: dict[str, dict[str, str]] = {}
+        for d in dumps or []:
+            for kernel, choices in (d or {}).get("autotune", {}).items():
+                out.setdefault(kernel, {}).update(choices)
+        return out
+
+    ma, mb = merged(a), merged(b)
+    if not ma or not mb:
+        return {"recorded": False}
+    differ = sorted(
+        k for k in set(ma) & set(mb) if any(ma[k][x] != mb[k][x] for x in set(ma[k]) & set(mb[k]))
+    )
+    return {"recorded": True, "kernels": len(set(ma) & set(mb)), "differ": differ}
+
+
+def first_parting(points: dict[str, dict]) -> tuple[str, int] | None:
+    """The first point, in layer order, that parts where its input has not
+    parted (clean_before: None or later), and the position."""
+    for name, s in points.items():
+        first = s.get("first_parting_position")
+        if first is None:
+            continue
+        before = s.get("clean_before")
+        if before is None or first < before:
+            return name, first
+    return None
+
+
+def parting_cause(
+    points: dict[str, dict], schedule: dict[str, Any], autotune: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Why the first parting on an identical input happened, as far as the
+    record tells: `schedule` (the row, or one before it, ran in another chunk
+    or step), else `autotune` (a Triton autotuner chose another config),
+    else `unexplained`; None when nothing parts."""
+    found = first_parting(points)
+    if found is None:
+        return None
+    name, at = found
+    moved = schedule.get("first_context_parting")
+    if moved is not None and moved <= at:
+        cause = "schedule"
+    elif autotune.get("differ"):
+        cause = "autotune"
+    elif not schedule.get("recorded") or not autotune.get("recorded"):
+        cause = "not recorded"
+    else:
+        cause = "unexplained"
+    return {"point": name, "position": at, "cause": cause}
 
 
 def first_fingerprint_parting(a: tuple | None, b: tuple | None) -> int | None:
@@ -70,7 +188,11 @@ def first_fingerprint_parting(a: tuple | None, b: tuple | None) -> int | None:
 
 
 def compare_point(
-    a: tuple, b: tuple, clean_before: int | None = None, loose_from: int | None = None
+    a: tuple,
+    b: tuple,
+    clean_before: int | None = None,
+    loose_from: int | None = None,
+    kinds: dict[tuple[int, int], str] | None = None,
 ) -> dict[str, Any]:
     """a, b: (positions, ids, rows). clean_before: rows at this position or
     later are not judged (their input already parted). loose_from: judged
@@ -97,7 +219,18 @@ def compare_point(
     def worst(rel, rows) -> float:
         return float(rel[rows].max()) if bool(rows.any()) else 0.0
 
-    return {
+    by_kind: dict[str, Any] = {}
+    for kind in sorted(set((kinds or {}).values())):
+        rows = torch.tensor([(kinds or {}).get(k) == kind for k in keys])
+        if bool(rows.any()):
+            firsts = [keys[int(i)][0] for i in parted if bool(rows[int(i)])]
+            by_kind[kind] = {
+                "tokens": int(rows.sum()),
+                "max_rel": worst(rel_max, rows),
+                "max_row_mean_rel": worst(rel_mean, rows),
+                "first_parting_position": min(firsts) if firsts else None,
+            }
+    result = {
         "tokens": len(keys),
         "only_ref": len(ua) - len(keys),
         "only_other": len(ub) - len(keys),
@@ -115,6 +248,9 @@ def compare_point(
         "loose_row_max_rel": worst(rel_max, loose),
         "loose_row_mean_rel": worst(rel_mean, loose),
     }
+    if by_kind:
+        result["by_kind"] = by_kind
+    return result
 
 
 def _order(name: str) -> tuple:
@@ -131,7 +267,10 @@ def _layer(name: str) -> int | None:
 
 
 def compare_case(
-    ca: dict[str, tuple], cb: dict[str, tuple], spread: dict[str, dict] | None = None
+    ca: dict[str, tuple],
+    cb: dict[str, tuple],
+    spread: dict[str, dict] | None = None,
+    prompt_len: int | None = None,
 ) -> dict[str, dict]:
     """Every point both hold, in layer order; each judged on the rows before
     its input's first parting (the previous layer's `out`; `final` after the
@@ -140,7 +279,8 @@ def compare_case(
     # layer -> first parting of what the next layers get: its out, and at a
     # layer that starts a rank in one engine only, the block input it mixes.
     parted_at: dict[float, int | None] = {}
-    names = {n for n in set(ca) & set(cb) if not n.endswith(FINGERPRINT)}
+    names = {n for n in set(ca) & set(cb) if "#" not in n}
+    kinds = row_kinds(ca.get(STEPS), prompt_len) if prompt_len is not None else None
     for name in sorted(names | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
@@ -150,7 +290,7 @@ def compare_case(
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
-        points[name] = compare_point(a, b, clean_before, loose_from)
+        points[name] = compare_point(a, b, clean_before, loose_from, kinds)
         # A long prompt's rows left out of the capture may part first.
         fa, fb = _pair(name, ca, cb, suffix=FINGERPRINT)
         unseen = first_fingerprint_parting(fa, fb)
@@ -262,14 +402,54 @@ def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -
         if case not in rb.get("cases", {}):
             continue
         ca, cb = load_case(ref, case), load_case(other, case)
+        points = compare_case(
+            ca,
+            cb,
+            (spread or {}).get("cases", {}).get(case, {}).get("points"),
+            _prompt_len(case),
+        )
+        schedule = schedule_parting(ca.get(STEPS), cb.get(STEPS))
+        autotune = autotune_difference(
+            ra["cases"][case].get("capture"), rb["cases"][case].get("capture")
+        )
         cases[case] = {
             "ids_equal": ra["cases"][case]["output_ids"] == rb["cases"][case]["output_ids"],
-            "points": compare_case(
-                ca, cb, (spread or {}).get("cases", {}).get(case, {}).get("points")
-            ),
-            "missing": sorted(set(ca) ^ set(cb)),
+            "points": points,
+            "missing": sorted(n for n in set(ca) ^ set(cb) if "#" not in n),
+            "schedule": schedule,
+            "autotune": autotune,
+            "cause": parting_cause(points, schedule, autotune),
         }
     return {"ref": ra["run"], "other": rb["run"], "cases": cases}
+
+
+def _prompt_len(case: str) -> int | None:
+    """`3000x4` -> 3000 (the harness's case names: prompt tokens x batch)."""
+    m = re.fullmatch(r"(\d+)x\d+", case)
+    return int(m.group(1)) if m else None
+
+
+def echo_acceptance(ids: dict[str, list[list[int]]], spec_decode: dict | None) -> dict[str, Any]:
+    """An echo drafter (checks/gpu/mtp/echo_drafter.py) drafts the token just
+    sampled, so at K=1 a draft can be accepted only where the target repeats
+    its previous token; each request verifies at most one draft per output
+    token after the first. What an MTP engine's counters must satisfy."""
+    rows = [r for seq in ids.values() for r in seq]
+    repeats = sum(a == b for r in rows for a, b in zip(r, r[1:], strict=False))
+    most = sum(max(len(r) - 1, 0) for r in rows)
+    counts = spec_decode or {}
+    drafts, accepted = counts.get("drafts"), counts.get("accepted_tokens")
+    return {
+        "drafts": drafts,
+        "accepted": accepted,
+        "drafts_at_most": most,
+        "repeats": repeats,
+        "can_accept": repeats > 0,
+        "consistent": drafts is not None
+        and accepted is not None
+        and drafts <= most
+        and accepted <= repeats,
+    }
 
 
 def render(result: dict[str, Any]) -> str:

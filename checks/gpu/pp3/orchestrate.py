@@ -38,7 +38,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
-from compare import boundary_paths, compare_runs, judge, render, spread_bounds  # noqa: E402
+from compare import (  # noqa: E402
+    boundary_paths,
+    compare_runs,
+    echo_acceptance,
+    judge,
+    render,
+    spread_bounds,
+)
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
 
 # The plan's QSA offload variables: a mode that keeps K/V in VRAM drops them.
@@ -342,6 +349,13 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
         "startup_s": record.get("startup_s"),
         "spec_decode": record.get("spec_decode"),
         "ids": {c: v["output_ids"] for c, v in record.get("cases", {}).items()},
+        # MTP engines: what the echo drafter's counters can be (RESULTS.md, e1 item 5)
+        "echo": echo_acceptance(
+            {c: v["output_ids"] for c, v in record.get("cases", {}).items()},
+            record.get("spec_decode"),
+        )
+        if record.get("spec_decode")
+        else None,
     }
 
 
@@ -407,7 +421,7 @@ def judge_all(comparisons: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for key, result in comparisons.items():
         verdicts[key] = {
             case: judge(entry["points"], None if key == "spread" else bounds)
-            | {"ids_equal": entry["ids_equal"]}
+            | {"ids_equal": entry["ids_equal"], "cause": entry.get("cause")}
             for case, entry in result["cases"].items()
         }
     return verdicts

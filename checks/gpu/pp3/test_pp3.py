@@ -347,3 +347,111 @@ def test_a_thinned_capture_still_finds_where_rows_it_left_out_part(tmp_path):
     assert result["parted"]["max_rel"] == 0.0  # the kept rows are equal ...
     assert result["parted"]["first_parting_position"] == 13  # ... the left-out row 13 is not
     assert result["same"]["first_parting_position"] is None
+
+
+# --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
+
+E1 = PP3.parent / "results" / "pp3_equality-h200-e1.json"
+
+
+def test_e1_echo_drafter_could_not_be_right_on_a_target_that_never_repeats():
+    """e1 item 5: 105 drafts = 15 requests x 7 verify steps, and no engine's
+    target ever repeated a token, which is the only time an echo draft is right."""
+    sys.path.insert(0, str(COMMON))
+    from compare import echo_acceptance
+
+    record = json.loads(E1.read_text())
+    for name in ("pp1-graphs-offload-mtp", "pp3-graphs-offload-mtp"):
+        engine = record["engines"][name]
+        echo = echo_acceptance(engine["ids"], engine["spec_decode"])
+        assert echo == {
+            "drafts": 105,
+            "accepted": 0,
+            "drafts_at_most": 105,
+            "repeats": 0,
+            "can_accept": False,
+            "consistent": True,
+        }
+    # A drafter credited with more acceptances than the target's repeats is caught.
+    assert not echo_acceptance({"8x1": [[5, 5, 6]]}, {"drafts": 2, "accepted_tokens": 2})[
+        "consistent"
+    ]
+
+
+SCHEDULES = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import STEPS, compare_case, parting_cause, row_kinds, schedule_parting
+from compare import autotune_difference
+
+# e1's batch-4 split, scaled down (budget 12 tokens, prompts of 14): request A's
+# last chunk leaves 2 tokens of the budget to B in step 2 at both PP sizes; in
+# step 3 PP=1 decodes A (1 token) beside B's next 11, PP=3 gives B all 12 (A
+# decodes only every pp_size steps: scheduler next_decode_eligible_step).
+A, B = 1000, 2000
+def steps(rows):
+    pos = torch.tensor([p for _, p, _ in rows]); ids = torch.tensor([i for i, _, _ in rows])
+    info = torch.tensor([[s, sum(1 for r in rows if r[2] == s)] for *_, s in rows])
+    return (pos, ids, info)
+def req(base, lo, hi, step):
+    return [(base + p, p, step) for p in range(lo, hi)]
+pp1 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
+            + [(7, 14, 3)] + req(B, 10, 14, 3) + [(8, 15, 4)] + [(9, 14, 4)])
+pp3 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
+            + req(B, 10, 14, 3) + [(7, 14, 4), (9, 14, 4)] + [(8, 15, 5)])
+sched = schedule_parting(pp1, pp3)
+# layer 0 GDN parts in B's third chunk (identical input): a split parting.
+rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(3))
+def point(changed_from=None):
+    pos, ids, _ = pp1
+    r = rows[: len(pos)].clone()
+    if changed_from is not None:
+        r[(ids >= 2000) & (pos >= changed_from)] += 0.01
+    return (pos, ids, r)
+ca = {"layer.0.gdn": point(), STEPS: pp1}
+cb = {"layer.0.gdn": point(12), STEPS: pp3}
+points = compare_case(ca, cb, prompt_len=14)
+same = {"recorded": True, "kernels": 5, "differ": []}
+tuned = {"recorded": True, "kernels": 5, "differ": ["fla.chunk_fwd_kernel_o"]}
+# e1 item 1: the same schedule, the GDN parts all the same: not the split.
+one = {"layer.0.gdn": point(), STEPS: pp1}
+other = {"layer.0.gdn": point(5), STEPS: pp1}
+points_same_schedule = compare_case(one, other, prompt_len=14)
+sched_same = schedule_parting(pp1, pp1)
+# MTP verify pairs past the prompt: (p, sampled) then (p + 1, draft).
+verify = steps(req(A, 0, 12, 1) + [(7, 12, 2), (70, 13, 2)])
+capture_a = [{"autotune": {"k.o": {"(4, 64)": "BK: 32"}}}, {"autotune": {"k.h": {"x": "BV: 32"}}}]
+capture_b = [{"autotune": {"k.o": {"(4, 64)": "BK: 64"}, "k.h": {"x": "BV: 32"}}}]
+print(json.dumps({
+    "schedule": sched,
+    "split_cause": parting_cause(points, sched, same),
+    "by_kind": points["layer.0.gdn"]["by_kind"],
+    "same_schedule": sched_same,
+    "tuned_cause": parting_cause(points_same_schedule, sched_same, tuned),
+    "unexplained": parting_cause(points_same_schedule, sched_same, same),
+    "kinds": sorted(set(row_kinds(verify, 12).items())),
+    "autotune": autotune_difference(capture_a, capture_b),
+    "unrecorded": autotune_difference(None, capture_b),
+}))
+"""
+
+
+def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_decode_rows():
+    out = subprocess.run(
+        [vllm_python(), "-c", SCHEDULES, str(COMMON)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    # B's rows 10-13 ran as one run [10, 14) in a 4-token step at PP=3 and in a
+    # 5-token step (beside A's decode) at PP=1: the first row in another context is 10.
+    assert r["schedule"]["first_context_parting"] == 10
+    assert r["split_cause"] == {"point": "layer.0.gdn", "position": 12, "cause": "schedule"}
+    assert r["by_kind"]["prompt"]["first_parting_position"] == 12
+    assert r["same_schedule"]["first_context_parting"] is None
+    assert r["tuned_cause"]["cause"] == "autotune" and r["tuned_cause"]["position"] == 5
+    assert r["unexplained"]["cause"] == "unexplained"
+    kinds = dict((tuple(k), v) for k, v in r["kinds"])
+    assert kinds[(12, 7)] == "decode" and kinds[(13, 70)] == "draft"
+    assert kinds[(0, 1000)] == "prompt" and sum(v == "prompt" for v in kinds.values()) == 12
+    assert r["autotune"] == {"recorded": True, "kernels": 2, "differ": ["k.o"]}
+    assert r["unrecorded"] == {"recorded": False}
