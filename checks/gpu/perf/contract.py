@@ -12,7 +12,6 @@ its path is listed under `missing`; no figure is made up. Computed fields
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from projection import (
@@ -79,8 +78,9 @@ def _peak(memory: list[dict[str, Any]] | None, rank: int, phase: str) -> int | N
     return entry.get("peaks", {}).get(phase, {}).get("nvml")
 
 
-def rank_rows(raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: float,
-              kv_in_vram: bool = False) -> tuple[list[dict[str, Any]], list[MeasuredStep], list]:  # fmt: skip
+def rank_rows(
+    raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: float, kv_in_vram: bool = False
+) -> tuple[list[dict[str, Any]], list[list[MeasuredStep] | None]]:
     """One row per rank and batch (1 and 4) of an engine; the projection's inputs."""
     plan = inputs["plans"]["0"]
     config = inputs["config"]
@@ -115,7 +115,9 @@ def rank_rows(raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: floa
                 "step_ms": w.get("step_period_ms"),
                 "gpu_busy_ms": busy,
                 "hbm_bytes_per_step": hbm["total"] if hbm else None,
-                "roofline_fraction": roofline_fraction(hbm["total"], busy, read_bps) if hbm else None,
+                "roofline_fraction": (
+                    roofline_fraction(hbm["total"], busy, read_bps) if hbm else None
+                ),
                 "cpu_ms": cpu,
                 "ple_gather_us": ple,
                 "pcie_bytes_per_step": pcie,
@@ -127,7 +129,7 @@ def rank_rows(raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: floa
             if None not in (busy, cpu, pcie, hbm):
                 steps[batch].append(MeasuredStep(busy, cpu, pcie, hbm["total"]))
     n = len(plan["ranks"])
-    return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])], []
+    return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])]
 
 
 def _draft_ms(raw: dict[str, Any] | None) -> float | None:
@@ -143,10 +145,10 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
           bandwidth: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     read_bps = bandwidth["results"]["read"]["bytes_per_s"]
     links = Links(read_bps, bandwidth["results"]["h2d_pinned"]["bytes_per_s"])
-    ranks, (c1, c4), _ = rank_rows(raws.get("offload"), inputs, read_bps)
-    _, (mtp1, _c4), _ = rank_rows(raws.get("mtp1"), inputs, read_bps)
-    acceptance = (inputs["plans"].get("1") or {}).get("mtp", {}).get("projection", {}).get(
-        "acceptance_rate"
+    ranks, (c1, c4) = rank_rows(raws.get("offload"), inputs, read_bps)
+    _, (mtp1, _c4) = rank_rows(raws.get("mtp1"), inputs, read_bps)
+    acceptance = (
+        (inputs["plans"].get("1") or {}).get("mtp", {}).get("projection", {}).get("acceptance_rate")
     )
     projection = project_3090(c1 or [], c4, mtp1, links, mtp1_draft_ms=_draft_ms(raws.get("mtp1")),
                               acceptance_rate=acceptance)  # fmt: skip
@@ -177,11 +179,19 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
             "planned_bytes": "the 3x3090 plan's committed bytes per rank",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
         },
-        "engines": {name: {"ok": r.get("ok"), "exit": r.get("exit"), "error": r.get("error"),
-                           "startup_s": r.get("startup_s"), "wall_s": r.get("wall_s"),
-                           "overrides": r.get("spec", {}).get("overrides"),
-                           "gate": r.get("gate"), "max_model_len": r.get("max_model_len")}
-                    for name, r in raws.items()},  # fmt: skip
+        "engines": {
+            name: {
+                "ok": r.get("ok"),
+                "exit": r.get("exit"),
+                "error": r.get("error"),
+                "startup_s": r.get("startup_s"),
+                "wall_s": r.get("wall_s"),
+                "overrides": r.get("spec", {}).get("overrides"),
+                "gate": r.get("gate"),
+                "max_model_len": r.get("max_model_len"),
+            }
+            for name, r in raws.items()
+        },  # fmt: skip
     }
     doc["missing"] = missing_paths(doc)
     return doc

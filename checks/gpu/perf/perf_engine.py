@@ -101,7 +101,8 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
             else:
                 rec["ttft_s"] = generate(batch, 1)
-                llm.collective_rpc(step_probe.window_begin, args=(f"decode-c{case['concurrency']}",))
+                name = f"decode-c{case['concurrency']}"
+                llm.collective_rpc(step_probe.window_begin, args=(name,))
                 rec["generate_s"] = generate(batch, 1 + case["new_tokens"])
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
                 span = rec["generate_s"] - rec["ttft_s"]
@@ -115,7 +116,8 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         result["cases"].append(rec)
         save()
-        print(f"perf_engine {spec['engine']}: {json.dumps({k: rec.get(k) for k in ('kind', 'concurrency', 'prompt_tokens', 'ttft_s', 'decode_tok_s', 'ok')})}", flush=True)  # noqa: E501
+        shown = ("kind", "concurrency", "prompt_tokens", "ttft_s", "decode_tok_s", "ok")
+        print(f"perf_engine {spec['engine']}: {json.dumps({k: rec.get(k) for k in shown})}")
         if not rec["ok"]:
             break
     result["memory_serving"] = llm.collective_rpc(step_probe.memory, args=("end",))

@@ -119,9 +119,7 @@ def rank_bytes(model_dir: Path, ranges: list[list[int]]) -> list[dict[str, int]]
     ple = frozenset(ple_shard_names(text))
     rank_of = {i: r for r, (lo, hi) in enumerate(ranges) for i in range(lo, hi)}
     last = len(ranges) - 1
-    out = [
-        {"dense_bytes": 0, "routed_expert_bytes": 0, "embedding_bytes": 0} for _ in ranges
-    ]
+    out = [{"dense_bytes": 0, "routed_expert_bytes": 0, "embedding_bytes": 0} for _ in ranges]
     for name, nbytes in model.tensor_bytes_by_class().items():
         spot = place_tensor(name, ple)
         if spot.where == "layer":
@@ -183,9 +181,7 @@ def prepare(work: Path, mtp: list[int], host_facts: Path | None) -> dict[str, An
         "plans": plans,
         "config": json.loads((model / "config.json").read_text()),
         "rank_bytes": rank_bytes(model, plans["0"]["pp_ranges"]),
-        "table": write_sparse_table(
-            table, layout.file_bytes("packed"), layout.manifest("packed")
-        ),
+        "table": write_sparse_table(table, layout.file_bytes("packed"), layout.manifest("packed")),
     }
     if host_facts is not None:  # the host as it is, replayed x3 (pp3/emulation.py), recorded
         doc["host_facts_x3"] = replicate_gpu(json.loads(host_facts.read_text()), 3)
@@ -258,7 +254,8 @@ def cases_for(engine: Engine, max_model_len: int) -> list[dict[str, Any]]:
 def spec_for(engine: Engine, inputs: dict[str, Any]) -> dict[str, Any]:
     plan = inputs["plans"].get(str(engine.mtp_k))
     if plan is None:
-        raise SystemExit(f"pp3_perf: no plan for MTP K={engine.mtp_k}: prepare --mtp {engine.mtp_k}")
+        k = engine.mtp_k
+        raise SystemExit(f"pp3_perf: no plan for MTP K={k}: prepare --mtp {k}")
     if engine.mtp_k and not plan.get("mtp", {}).get("fits", False):
         raise SystemExit(f"pp3_perf: the MTP K={engine.mtp_k} plan does not fit: {plan.get('mtp')}")
     argv, overrides = engine_argv(plan, engine)
@@ -294,7 +291,9 @@ def ballast_free(inputs: dict[str, Any]) -> int:
 def launch(spec: dict[str, Any], args) -> dict[str, Any]:
     raw = args.raw
     stem = raw / spec["engine"]
-    spec_path, out_path, log_path = (Path(f"{stem}{s}") for s in (".spec.json", ".out.json", ".log"))
+    spec_path, out_path, log_path = (
+        Path(f"{stem}{s}") for s in (".spec.json", ".out.json", ".log")
+    )
     spec_path.write_text(json.dumps(spec, indent=1))
     out_path.unlink(missing_ok=True)
     command = (
@@ -305,8 +304,13 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
     started = time.monotonic()
     try:
         with log_path.open("w") as log:
-            proc = subprocess.Popen(["bash", "-c", command], env={**os.environ, **spec["env"]},
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                env={**os.environ, **spec["env"]},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 code: Any = proc.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--raw", type=Path, default=Path("/root/pp3_perf/raw"))
     r.add_argument("--only", nargs="*")
     r.add_argument("--timeout", type=int, default=540)
-    r.add_argument("--dry-run", action="store_true", help="print the engines and argv, start nothing")
+    r.add_argument("--dry-run", action="store_true", help="print the engines and argv only")
     c = sub.add_parser("contract")
     c.add_argument("run_id")
     c.add_argument("--work", type=Path, required=True, help="where inputs.json is")
@@ -371,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         doc = prepare(args.work, args.mtp, args.host_facts)
-        print(f"pp3_perf: prepared {args.work}: plans {sorted(doc['plans'])}, "
-              f"table {doc['table']['bytes']} B ({doc['table']['allocated_bytes']} on disk)")  # fmt: skip
+        table = doc["table"]
+        print(
+            f"pp3_perf: prepared {args.work}: plans {sorted(doc['plans'])}, "
+            f"table {table['bytes']} B ({table['allocated_bytes']} on disk)"
+        )
         return 0
     if args.cmd == "run":
         return run(args)

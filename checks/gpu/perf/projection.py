@@ -105,9 +105,7 @@ def hbm_bytes_per_step(
     routed_per_layer = rank.routed_expert_bytes / rank.moe_layers if rank.moe_layers else 0
     terms = {
         "dense_weights": rank.dense_bytes,
-        "routed_experts": round(
-            rank.moe_layers * routed_per_layer * distinct / t["num_experts"]
-        ),
+        "routed_experts": round(rank.moe_layers * routed_per_layer * distinct / t["num_experts"]),
         "embedding_rows": rows * rank.embedding_row_bytes,
         "gdn_state": rows * rank.gdn_layers * per["gdn_read_write"],
         "qsa_indexer": rows
@@ -205,8 +203,8 @@ def project_3090(
         "mtp1_c1_tok_s": None,
     }
     if mtp1 and mtp1_draft_ms is not None and acceptance_rate is not None:
-        out["mtp1_c1_tok_s"] = (1 + acceptance_rate) * 1e3 / (
-            round_ms(mtp1) + mtp1_draft_ms * ratio
+        out["mtp1_c1_tok_s"] = (
+            (1 + acceptance_rate) * 1e3 / (round_ms(mtp1) + mtp1_draft_ms * ratio)
         )
     out["basis"] = (
         "per rank: (GPU busy - QSA host reads at the H200's measured pinned H2D "

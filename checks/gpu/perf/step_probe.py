@@ -68,9 +68,9 @@ def _wrap_timed(owner, name: str, kind: str, events: bool, shape=None) -> None:
             rec["wall_us"] = (_now() - t0) * 1e6
             if events:
                 rec["ev"][1].record()
-            if _STATE.get("profiling") is not None and kind == "execute_model":
-                if rec.get("tokens"):
-                    _STATE["profiled_steps"] += 1
+            profiling = _STATE.get("profiling") is not None
+            if profiling and kind == "execute_model" and rec.get("tokens"):
+                _STATE["profiled_steps"] += 1
             _STATE["records"].append(rec)
 
     setattr(owner, name, timed)

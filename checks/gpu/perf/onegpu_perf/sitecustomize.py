@@ -27,7 +27,9 @@ import time
 
 _SHIM = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "pp3", "onegpu", "sitecustomize.py",
+    "pp3",
+    "onegpu",
+    "sitecustomize.py",
 )
 
 
