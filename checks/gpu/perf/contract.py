@@ -1,8 +1,9 @@
 """Issue 27's results contract, `pp3_perf-RUN.json`, from the harness's raw files.
 
-    python3 checks/gpu/perf/pp3_perf.py contract RUN --work DIR --raw DIR [--out-dir DIR]
+    python3 checks/gpu/perf/pp3_perf.py contract RUN --inputs FILE --raw DIR [--out-dir DIR]
 
-Reads DIR/inputs.json (pp3_perf.py prepare: plans, per-rank bytes, config),
+Reads FILE (pp3_perf.py prepare's inputs.json: plans, per-rank bytes, config;
+`run` copies it to $OUT/pp3_perf_inputs.json),
 RAW/pp3_perf_raw-RUN-*.json (one per engine) and the measured bandwidth
 (results/hbm_bandwidth-h200-b1.json). A field nothing measured is null and
 its path is listed under `missing`; no figure is made up. Computed fields
@@ -211,7 +212,7 @@ def missing_paths(doc: dict[str, Any]) -> list[str]:
 
 
 def main(args) -> int:
-    inputs = json.loads((args.work / "inputs.json").read_text())
+    inputs = json.loads(args.inputs.read_text())
     raws = {}
     for path in sorted(args.raw.glob(f"pp3_perf_raw-{args.run_id}-*.json")):
         raws[path.stem.removeprefix(f"pp3_perf_raw-{args.run_id}-")] = json.loads(path.read_text())

@@ -2,7 +2,7 @@
 
     pp3_perf.py prepare --work DIR [--mtp K ...] [--host-facts FILE]   (launcher env)
     pp3_perf.py run RUN_ID --work DIR --kit DIR --out DIR [--only E ...] [--dry-run]
-    pp3_perf.py contract RUN_ID --work DIR --raw DIR --out-dir DIR [--bandwidth FILE]
+    pp3_perf.py contract RUN_ID --inputs FILE --raw DIR [--out-dir DIR] [--bandwidth FILE]
 
 `prepare` (runs where the launcher runs: here for the tests, the GPU host
 for the run, `run` calls it): the full skeleton (`flashnext skeleton
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dry-run", action="store_true", help="print the engines and argv only")
     c = sub.add_parser("contract")
     c.add_argument("run_id")
-    c.add_argument("--work", type=Path, required=True, help="where inputs.json is")
+    c.add_argument("--inputs", type=Path, required=True, help="prepare's inputs.json")
     c.add_argument("--raw", type=Path, required=True, help="the pp3_perf_raw-RUN-*.json files")
     c.add_argument("--out-dir", type=Path, default=HERE.parent / "results")
     c.add_argument("--bandwidth", type=Path,
