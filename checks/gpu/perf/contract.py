@@ -1,0 +1,224 @@
+"""Issue 27's results contract, `pp3_perf-RUN.json`, from the harness's raw files.
+
+    python3 checks/gpu/perf/pp3_perf.py contract RUN --inputs FILE --raw DIR [--out-dir DIR]
+
+Reads FILE (pp3_perf.py prepare's inputs.json: plans, per-rank bytes, config;
+`run` copies it to $OUT/pp3_perf_inputs.json),
+RAW/pp3_perf_raw-RUN-*.json (one per engine) and the measured bandwidth
+(results/hbm_bandwidth-h200-b1.json). A field nothing measured is null and
+its path is listed under `missing`; no figure is made up. Computed fields
+(HBM and PCIe bytes, the projection) say so in `sources`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from projection import (
+    Links,
+    MeasuredStep,
+    RankBytes,
+    hbm_bytes_per_step,
+    pcie_bytes_per_step,
+    project_3090,
+    roofline_fraction,
+)
+
+NOTE = (
+    "our pinned vLLM 0.33.0 on the host's torch 2.11.0+cu130 (not the pinned torch 2.14), "
+    "dummy weights (the full-size skeleton, --load-format dummy), one H200 running the "
+    "three PP ranks (emulated)"
+)
+RUN_KEYS = ("mode", "mtp_k", "concurrency", "decode_tok_s", "ttft_s", "prompt_tokens")
+RANK_KEYS = (
+    "rank", "batch", "step_ms", "gpu_busy_ms", "hbm_bytes_per_step", "roofline_fraction",
+    "cpu_ms", "ple_gather_us", "pcie_bytes_per_step", "start_peak_bytes",
+    "serving_peak_bytes", "planned_bytes",
+)  # fmt: skip
+PROJECTION_KEYS = ("c1_tok_s", "c4_tok_s", "mtp1_c1_tok_s", "basis")
+CUT_KEYS = ("what", "before", "after")
+
+
+def rank_bytes_of(inputs: dict[str, Any], rank: int) -> RankBytes:
+    b = inputs["rank_bytes"][rank]
+    return RankBytes(b["dense_bytes"], b["routed_expert_bytes"], b["moe_layers"],
+                     b["embedding_row_bytes"], b["gdn_layers"], b["qsa_layers"])  # fmt: skip
+
+
+def runs_of(raws: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    runs = []
+    for raw in raws.values():
+        spec = raw["spec"]
+        for case in raw.get("cases", []):
+            runs.append({
+                "mode": spec["mode"],
+                "mtp_k": spec["mtp_k"],
+                "concurrency": case["concurrency"],
+                "decode_tok_s": case.get("decode_tok_s"),
+                "ttft_s": case.get("ttft_s"),
+                "prompt_tokens": case["prompt_tokens"],
+            })  # fmt: skip
+    return runs
+
+
+def _decode_case(raw: dict[str, Any] | None, concurrency: int) -> dict[str, Any] | None:
+    for case in (raw or {}).get("cases", []):
+        if case["kind"] == "decode" and case["concurrency"] == concurrency and case.get("ok"):
+            return case
+    return None
+
+
+def _peak(memory: list[dict[str, Any]] | None, rank: int, phase: str) -> int | None:
+    """NVML's per-process peak of the phase (None when pids were not visible)."""
+    if not memory or rank >= len(memory):
+        return None
+    entry = memory[rank]
+    if not entry.get("pid_visible"):
+        return None
+    return entry.get("peaks", {}).get(phase, {}).get("nvml")
+
+
+def rank_rows(
+    raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: float, kv_in_vram: bool = False
+) -> tuple[list[dict[str, Any]], list[list[MeasuredStep] | None]]:
+    """One row per rank and batch (1 and 4) of an engine; the projection's inputs."""
+    plan = inputs["plans"]["0"]
+    config = inputs["config"]
+    rows_out, steps = [], {1: [], 4: []}
+    for batch in (1, 4):
+        case = _decode_case(raw, batch)
+        for rank in range(len(plan["ranks"])):
+            w = case["ranks"][rank] if case else {}
+            prof = case["profile"][rank] if case and case.get("profile") else {}
+            decode_rows = w.get("decode_rows") or []
+            rows = max(decode_rows) if decode_rows else None
+            context = case["prompt_tokens"] + case["new_tokens"] // 2 if case else None
+            rb = rank_bytes_of(inputs, rank)
+            hbm = (
+                hbm_bytes_per_step(rb, config, rows=rows, context=context, kv_in_vram=kv_in_vram)
+                if rows else None
+            )  # fmt: skip
+            pcie = (
+                pcie_bytes_per_step(rb, config, rows=rows, context=context, kv_in_vram=kv_in_vram)
+                if rows else None
+            )  # fmt: skip
+            busy = prof.get("gpu_busy_ms_per_step")
+            cpu = w.get("execute_wall_ms")
+            if cpu is not None and (w.get("sample_tokens") or {}).get("wall_us_median"):
+                cpu += w["sample_tokens"]["wall_us_median"] / 1e3
+            ple = (w.get("ple_gather") or {}).get("wall_us_per_step")
+            if case and ple is None and rank not in plan["ple_ranks"]:
+                ple = 0.0
+            row = {
+                "rank": rank,
+                "batch": batch,
+                "step_ms": w.get("step_period_ms"),
+                "gpu_busy_ms": busy,
+                "hbm_bytes_per_step": hbm["total"] if hbm else None,
+                "roofline_fraction": (
+                    roofline_fraction(hbm["total"], busy, read_bps) if hbm else None
+                ),
+                "cpu_ms": cpu,
+                "ple_gather_us": ple,
+                "pcie_bytes_per_step": pcie,
+                "start_peak_bytes": _peak((raw or {}).get("memory_start"), rank, "start"),
+                "serving_peak_bytes": _peak((raw or {}).get("memory_serving"), rank, "serving"),
+                "planned_bytes": plan["ranks"][rank]["committed_bytes"],
+            }
+            rows_out.append(row)
+            if None not in (busy, cpu, pcie, hbm):
+                steps[batch].append(MeasuredStep(busy, cpu, pcie, hbm["total"]))
+    n = len(plan["ranks"])
+    return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])]
+
+
+def _draft_ms(raw: dict[str, Any] | None) -> float | None:
+    case = _decode_case(raw, 1)
+    if not case:
+        return None
+    last = case["ranks"][-1].get("mtp_propose") or {}
+    us = last.get("gpu_us_median")
+    return us / 1e3 if us is not None else None
+
+
+def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
+          bandwidth: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    read_bps = bandwidth["results"]["read"]["bytes_per_s"]
+    links = Links(read_bps, bandwidth["results"]["h2d_pinned"]["bytes_per_s"])
+    ranks, (c1, c4) = rank_rows(raws.get("offload"), inputs, read_bps)
+    _, (mtp1, _c4) = rank_rows(raws.get("mtp1"), inputs, read_bps)
+    acceptance = (
+        (inputs["plans"].get("1") or {}).get("mtp", {}).get("projection", {}).get("acceptance_rate")
+    )
+    projection = project_3090(c1 or [], c4, mtp1, links, mtp1_draft_ms=_draft_ms(raws.get("mtp1")),
+                              acceptance_rate=acceptance)  # fmt: skip
+    if not c1:
+        projection["basis"] = None
+    doc = {
+        "model": "full-size, dummy weights",
+        "emulated": True,
+        "note": NOTE,
+        "run_id": run_id,
+        "runs": runs_of(raws),
+        "ranks": ranks,
+        "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
+        "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
+        "sources": {
+            "hbm_bytes_per_step": "computed (projection.hbm_bytes_per_step): the plan's per-rank "
+            "weight bytes from the safetensors headers, uniform routing, GDN/QSA state from "
+            "config.json; rows and context as the decode window ran them",
+            "pcie_bytes_per_step": "computed: the QSA offload's selected K/V rows per decode row "
+            "(patch 0022 reads them by UVA inside the graph, where nothing can count them)",
+            "roofline_fraction": f"hbm_bytes_per_step / gpu_busy_ms / {read_bps:.4g} B/s "
+            "(results/hbm_bandwidth-h200-b1.json, read)",
+            "step_ms": "the rank's decode window wall time / its steps (CUDA-synchronised ends)",
+            "gpu_busy_ms": "torch.profiler: the rank's kernels' device time / profiled steps",
+            "cpu_ms": "median wall time of the rank's execute_model (+ sample_tokens), "
+            "entry to return",
+            "start_peak_bytes": "NVML, this process's used memory, peak before serving",
+            "planned_bytes": "the 3x3090 plan's committed bytes per rank",
+            "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
+        },
+        "engines": {
+            name: {
+                "ok": r.get("ok"),
+                "exit": r.get("exit"),
+                "error": r.get("error"),
+                "startup_s": r.get("startup_s"),
+                "wall_s": r.get("wall_s"),
+                "overrides": r.get("spec", {}).get("overrides"),
+                "gate": r.get("gate"),
+                "max_model_len": r.get("max_model_len"),
+            }
+            for name, r in raws.items()
+        },  # fmt: skip
+    }
+    doc["missing"] = missing_paths(doc)
+    return doc
+
+
+def missing_paths(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for i, run in enumerate(doc["runs"]):
+        out += [f"runs[{i}].{k}" for k in RUN_KEYS if run.get(k) is None]
+    for i, row in enumerate(doc["ranks"]):
+        out += [f"ranks[{i}].{k}" for k in RANK_KEYS if row.get(k) is None]
+    out += [f"projection_3090.{k}" for k in PROJECTION_KEYS if doc["projection_3090"][k] is None]
+    out += [f"cut.{k}" for k in CUT_KEYS if doc["cut"][k] is None]
+    if not doc["runs"]:
+        out.append("runs")
+    return out
+
+
+def main(args) -> int:
+    inputs = json.loads(args.inputs.read_text())
+    raws = {}
+    for path in sorted(args.raw.glob(f"pp3_perf_raw-{args.run_id}-*.json")):
+        raws[path.stem.removeprefix(f"pp3_perf_raw-{args.run_id}-")] = json.loads(path.read_text())
+    doc = build(args.run_id, inputs, raws, json.loads(args.bandwidth.read_text()))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    dest = args.out_dir / f"pp3_perf-{args.run_id}.json"
+    dest.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"pp3_perf contract: {dest}: {len(doc['runs'])} runs, {len(doc['missing'])} missing")
+    return 0

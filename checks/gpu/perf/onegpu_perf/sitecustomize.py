@@ -1,0 +1,146 @@
+"""Test-only: the PP=3-on-one-GPU shim plus issue 27's per-process hooks.
+
+First on PYTHONPATH for the perf harness (checks/gpu/perf/pp3_perf.py); every
+process of the engine (the engine core, the three workers) imports it at
+start. Python imports one `sitecustomize`, so this one runs the PP=3 shim's
+(checks/gpu/pp3/onegpu/sitecustomize.py, unchanged, by path) and then:
+
+- FLASHNEXT_PERF_3090_KERNELS=1: the kernels a 3090 takes. When vLLM's
+  Humming priority module is imported, its sm90 preference is emptied
+  (rank_fit_worker.select_3090_kernels does the same in-process; here it
+  reaches the spawned workers). VLLM_DISABLED_KERNELS (the harness's env)
+  leaves out Machete and CUTLASS W4A8.
+- FLASHNEXT_PERF_MEMORY=1: a thread samples, every 20 ms, NVML's memory
+  for this process (nvmlDeviceGetComputeRunningProcesses, matched by pid;
+  `pid_visible` false when the container's pids are not NVML's) and torch's
+  reserved bytes, and keeps the peak of each phase ("start" until the
+  harness closes it through step_probe.memory).
+
+Imports nothing of vLLM or torch itself; nothing shipped imports it.
+"""
+
+import importlib.util
+import os
+import sys
+import threading
+import time
+
+_SHIM = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "pp3",
+    "onegpu",
+    "sitecustomize.py",
+)
+
+
+def _run_pp3_shim():
+    spec = importlib.util.spec_from_file_location("_flashnext_pp3_onegpu", _SHIM)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+_HUMMING = "vllm.model_executor.layers.quantization.utils.humming.priority"
+
+
+def _no_humming_preference(module):
+    module._HUMMING_PREFERRED_CAPABILITIES = frozenset()
+
+
+class _AfterImport:
+    """Run `then(module)` once `name` has been executed (a meta path finder)."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module):
+            exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+class MemorySampler:
+    PERIOD_S = 0.02
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.phase = "start"
+        self.peaks = {}
+        self.pid_visible = None
+        self.lock = threading.Lock()
+        self._nvml = None
+        threading.Thread(target=self._run, daemon=True, name="perf-memory").start()
+
+    def _sample(self):
+        nvml_bytes = None
+        if self._nvml is not None:
+            pynvml, handle = self._nvml
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            mine = [p.usedGpuMemory for p in procs if p.pid == self.pid and p.usedGpuMemory]
+            if mine:
+                self.pid_visible = True
+                nvml_bytes = int(sum(mine))
+            elif procs and self.pid_visible is None:
+                self.pid_visible = False
+        reserved = None
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            reserved = int(torch.cuda.memory_reserved())
+        return nvml_bytes, reserved
+
+    def _run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
+        except Exception:  # noqa: BLE001 - recorded as no NVML view
+            self._nvml = None
+        while True:
+            try:
+                nvml_bytes, reserved = self._sample()
+            except Exception:  # noqa: BLE001 - a failed sample is skipped
+                nvml_bytes, reserved = None, None
+            with self.lock:
+                peak = self.peaks.setdefault(self.phase, {"nvml": None, "reserved": None})
+                for key, value in (("nvml", nvml_bytes), ("reserved", reserved)):
+                    if value is not None and (peak[key] is None or value > peak[key]):
+                        peak[key] = value
+            time.sleep(self.PERIOD_S)
+
+    def close_phase(self, next_phase):
+        with self.lock:
+            done = dict(self.peaks)
+            self.phase = next_phase
+        return {"pid": self.pid, "pid_visible": self.pid_visible, "peaks": done}
+
+
+PERF_SAMPLER = None
+if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
+    _run_pp3_shim()
+if os.environ.get("FLASHNEXT_PERF_3090_KERNELS") == "1":
+    if _HUMMING in sys.modules:
+        _no_humming_preference(sys.modules[_HUMMING])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_HUMMING, _no_humming_preference))
+if os.environ.get("FLASHNEXT_PERF_MEMORY") == "1":
+    PERF_SAMPLER = MemorySampler()

@@ -1,0 +1,148 @@
+"""One engine of issue 27's harness: the full-size model, PP=3, three ranks on
+one GPU, timed step by step on every rank.
+
+    python3 checks/gpu/perf/perf_engine.py SPEC.json OUT.json
+
+Started by pp3_perf.py under the kit's patched tree with onegpu_perf/ first
+on PYTHONPATH and the spec's environment. The argv (`vllm serve`'s own
+arguments, the plan's but for pp3_perf.engine_argv's overrides) goes through
+vLLM's serve parser (rank_fit_worker.engine_args); `--gpu-memory-utilization`
+is restated here: the plan's usable bytes per rank as a share of this GPU's
+total (NVML), the start gate only (`--kv-cache-memory-bytes` sizes the KV).
+
+Cases: `decode` at concurrency c (prompts of 3,000 token ids): a generate of
+one new token (its time: TTFT), one of 1 + 64 (decode tok/s = c x 64 / the
+difference), each rank's steps recorded in a window (step_probe.window_*),
+then one of 1 + 16 under torch.profiler (each rank's kernels). `ttft`: one
+prompt, one new token. Writes OUT.json after every case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "rank_fit"))
+
+
+def gpu_total_bytes() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+
+
+def restate_utilization(argv: list[str], usable_bytes: int, total: int):
+    share = usable_bytes / total
+    i = argv.index("--gpu-memory-utilization")
+    planned = argv[i + 1]
+    out = argv[: i + 1] + [f"{share:.6f}"] + argv[i + 2 :]
+    return out, {"planned": planned, "usable_bytes": usable_bytes, "gpu_total": total,
+                 "utilization": round(share, 6)}  # fmt: skip
+
+
+def prompts(n: int, tokens: int, token_range: list[int], seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    lo, hi = token_range
+    return [[rng.randrange(lo, hi) for _ in range(tokens)] for _ in range(n)]
+
+
+def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
+    import step_probe
+    from rank_fit_worker import engine_args
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    result: dict[str, Any] = {"engine": spec["engine"], "ok": False, "cases": []}
+
+    def save() -> None:
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+
+    argv, gate = restate_utilization(spec["argv"], spec["usable_bytes"], gpu_total_bytes())
+    result |= {"argv": argv, "gate": gate}
+    save()
+    t0 = time.monotonic()
+    llm = LLM.from_engine_args(engine_args(argv))
+    result["startup_s"] = round(time.monotonic() - t0, 1)
+    result["memory_start"] = llm.collective_rpc(step_probe.memory, args=("serving",))
+    result["installed"] = llm.collective_rpc(step_probe.install)
+    max_len = int(llm.llm_engine.model_config.max_model_len)
+    result["max_model_len"] = max_len
+    save()
+
+    def generate(batch: list[list[int]], new: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, detokenize=False)
+        start = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    tr = spec["token_range"]
+    generate(prompts(1, 64, tr, 0), 4)  # warm-up outside every window
+    for i, case in enumerate(spec["cases"]):
+        rec: dict[str, Any] = dict(case)
+        if case["prompt_tokens"] + case.get("new_tokens", 1) + 1 > max_len:
+            rec["skipped"] = f"prompt longer than this engine's max_model_len {max_len}"
+            result["cases"].append(rec)
+            save()
+            continue
+        batch = prompts(case["concurrency"], case["prompt_tokens"], tr, seed=100 + i)
+        try:
+            if case["kind"] == "ttft":
+                llm.collective_rpc(step_probe.window_begin, args=(f"ttft{case['prompt_tokens']}",))
+                rec["ttft_s"] = generate(batch, 1)
+                rec["ranks"] = llm.collective_rpc(step_probe.window_end)
+            else:
+                rec["ttft_s"] = generate(batch, 1)
+                name = f"decode-c{case['concurrency']}"
+                llm.collective_rpc(step_probe.window_begin, args=(name,))
+                rec["generate_s"] = generate(batch, 1 + case["new_tokens"])
+                rec["ranks"] = llm.collective_rpc(step_probe.window_end)
+                span = rec["generate_s"] - rec["ttft_s"]
+                rec["decode_tok_s"] = case["concurrency"] * case["new_tokens"] / span
+                llm.collective_rpc(step_probe.profile_begin)
+                generate(batch, 1 + case["profile_tokens"])
+                rec["profile"] = llm.collective_rpc(step_probe.profile_end)
+            rec["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the record says how the case died
+            rec["ok"] = False
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        result["cases"].append(rec)
+        save()
+        shown = ("kind", "concurrency", "prompt_tokens", "ttft_s", "decode_tok_s", "ok")
+        print(f"perf_engine {spec['engine']}: {json.dumps({k: rec.get(k) for k in shown})}")
+        if not rec["ok"]:
+            break
+    result["memory_serving"] = llm.collective_rpc(step_probe.memory, args=("end",))
+    result["ok"] = all(c.get("ok") or c.get("skipped") for c in result["cases"])
+    save()
+    return result
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    record: dict[str, Any] = {"engine": spec["engine"], "ok": False}
+    try:
+        record = run(spec, out)
+    except BaseException as exc:  # noqa: BLE001 - the record says how the engine died
+        prior = json.loads(out.read_text()) if out.exists() else record
+        prior["error"] = f"{type(exc).__name__}: {exc}"[:3000]
+        prior["traceback"] = traceback.format_exc()[-4000:]
+        out.write_text(json.dumps(prior, indent=1) + "\n")
+        record = prior
+    print(f"perf_engine {spec['engine']}: {'ok' if record.get('ok') else record.get('error')}",
+          flush=True)  # fmt: skip
+    os._exit(0 if record.get("ok") else 1)  # vLLM's workers can hang the teardown
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    main()

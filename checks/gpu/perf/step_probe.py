@@ -1,0 +1,256 @@
+"""Where a step's time goes, on every rank: sent to each worker by
+`LLM.collective_rpc` (perf_engine.py), the worker being `self`.
+
+    install(self)            wrap the rank's step and its parts (once)
+    window_begin(self, name) start a window of steps (clears the records)
+    window_end(self)         resolve the CUDA events, return the window's summary
+    profile_begin(self)      torch.profiler on, CPU and CUDA
+    profile_end(self)        off: kernels' device time per step, top kernels, host syncs
+    memory(self, phase)      this process's memory peaks (onegpu_perf's sampler)
+
+What is wrapped (Python only: inside a FULL_DECODE_ONLY graph nothing is,
+so decode work is timed from outside):
+- the worker's `execute_model` and `sample_tokens`: wall time (CPU, entry
+  to return) and CUDA events on the current stream (the GPU span: from when
+  the stream reaches the step to its end, so on ranks 1 and 2 it includes
+  the wait for the previous rank's tensors);
+- the PP group's `isend_tensor_dict` / `irecv_tensor_dict`: CPU time;
+- the mapped PLE table's host gather (patch 0012 `HostRowGather.gather`,
+  called before forward by 0013): wall time and bytes (rows x row bytes);
+- the MTP drafter's `propose` (the V2 runner's `speculator`): wall time and
+  CUDA events (the draft step's cost on the last rank).
+A step is a decode step when no request is new and none is scheduled more
+than 1 + K tokens (K: speculative tokens).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+_STATE: dict[str, Any] = {}
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _events():
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end
+
+
+def _step_shape(scheduler_output, spec_k: int) -> dict[str, Any]:
+    per_req = dict(getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+    new = len(getattr(scheduler_output, "scheduled_new_reqs", []) or [])
+    tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", sum(per_req.values())))
+    decode = tokens > 0 and new == 0 and all(n <= 1 + spec_k for n in per_req.values())
+    return {"tokens": tokens, "reqs": len(per_req), "new_reqs": new, "decode": decode}
+
+
+def _wrap_timed(owner, name: str, kind: str, events: bool, shape=None) -> None:
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        rec: dict[str, Any] = {"kind": kind}
+        if shape is not None and args:
+            rec.update(shape(args[0]))
+        if events:
+            rec["ev"] = _events()
+        t0 = _now()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            rec["wall_us"] = (_now() - t0) * 1e6
+            if events:
+                rec["ev"][1].record()
+            profiling = _STATE.get("profiling") is not None
+            if profiling and kind == "execute_model" and rec.get("tokens"):
+                _STATE["profiled_steps"] += 1
+            _STATE["records"].append(rec)
+
+    setattr(owner, name, timed)
+
+
+def install(self) -> dict[str, Any]:
+    """Wrap this rank's step (idempotent). Returns what could be wrapped."""
+    if _STATE.get("installed"):
+        return _STATE["installed"]
+    from vllm.distributed import get_pp_group
+
+    _STATE.update(records=[], window=None, profiling=None, profiled_steps=0)
+    runner = self.model_runner
+    spec = getattr(runner, "speculative_config", None) or getattr(
+        self.vllm_config, "speculative_config", None
+    )
+    spec_k = int(getattr(spec, "num_speculative_tokens", 0) or 0)
+    group = get_pp_group()
+    wrapped = {"rank": group.rank_in_group, "pid": __import__("os").getpid(), "spec_k": spec_k}
+    _wrap_timed(self, "execute_model", "execute_model", True, lambda so: _step_shape(so, spec_k))
+    _wrap_timed(self, "sample_tokens", "sample_tokens", True)
+    for name, kind in (("isend_tensor_dict", "pp_send"), ("irecv_tensor_dict", "pp_recv")):
+        if hasattr(group, name):
+            _wrap_timed(group, name, kind, False)
+    wrapped["pp_group"] = True
+    speculator = getattr(runner, "speculator", None)
+    if speculator is not None and hasattr(speculator, "propose"):
+        _wrap_timed(speculator, "propose", "mtp_propose", True)
+        wrapped["mtp_propose"] = type(speculator).__name__
+    wrapped["ple_gather"] = _wrap_ple_gather()
+    _STATE["installed"] = wrapped
+    return wrapped
+
+
+def _wrap_ple_gather() -> bool:
+    """Patch 0012's host gather of the mapped table (absent on stock or without PLE)."""
+    try:
+        from vllm.models.qwen4_exp.common import ple_mmap
+    except ImportError:
+        return False
+    cls = getattr(ple_mmap, "HostRowGather", None)
+    if cls is None or getattr(cls, "_perf_wrapped", False):
+        return cls is not None
+    inner = cls.gather
+
+    def gather(gather_self, ids):
+        t0 = _now()
+        n = inner(gather_self, ids)
+        staging = gather_self.staging
+        _STATE["records"].append(
+            {"kind": "ple_gather", "wall_us": (_now() - t0) * 1e6,
+             "bytes": int(n) * staging.shape[-1] * staging.element_size()}
+        )  # fmt: skip
+        return n
+
+    cls.gather = gather
+    cls._perf_wrapped = True
+    return True
+
+
+def window_begin(self, name: str) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    _STATE["records"] = []
+    _STATE["window"] = {"name": name, "t0": _now()}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def window_end(self) -> dict[str, Any]:
+    """The window's steps: counts, medians and sums, per kind of record."""
+    import torch
+
+    torch.cuda.synchronize()
+    window = _STATE.get("window") or {"name": None, "t0": _now()}
+    wall_s = _now() - window["t0"]
+    records = _STATE["records"]
+    for rec in records:
+        ev = rec.pop("ev", None)
+        if ev is not None:
+            rec["gpu_us"] = ev[0].elapsed_time(ev[1]) * 1e3
+    steps = [r for r in records if r["kind"] == "execute_model" and r.get("tokens")]
+    decode = [r for r in steps if r.get("decode")]
+    out: dict[str, Any] = {
+        "window": window["name"],
+        "rank": _STATE["installed"]["rank"],
+        "wall_s": wall_s,
+        "steps": len(steps),
+        "decode_steps": len(decode),
+        "decode_rows": sorted({r["tokens"] for r in decode}),
+        "step_period_ms": wall_s * 1e3 / len(steps) if steps else None,
+        "execute_wall_ms": _median([r["wall_us"] / 1e3 for r in decode]),
+        "execute_gpu_span_ms": _median([r["gpu_us"] / 1e3 for r in decode]),
+    }
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_kind.setdefault(rec["kind"], []).append(rec)
+    n_decode = max(len(decode), 1)
+    for kind in ("sample_tokens", "pp_send", "pp_recv", "ple_gather", "mtp_propose"):
+        recs = by_kind.get(kind, [])
+        out[kind] = {
+            "calls": len(recs),
+            "wall_us_median": _median([r["wall_us"] for r in recs]),
+            "wall_us_per_step": sum(r["wall_us"] for r in recs) / n_decode if decode else None,
+            "gpu_us_median": _median([r["gpu_us"] for r in recs if "gpu_us" in r]),
+            "bytes": sum(r.get("bytes", 0) for r in recs),
+        }
+    _STATE["window"] = None
+    return out
+
+
+def profile_begin(self) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    )
+    prof.start()
+    _STATE["profiling"] = prof
+    _STATE["profiled_steps"] = 0
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
+              "cudaMemcpy", "cudaMemcpyAsync")  # fmt: skip
+TOP_KERNELS = 15
+
+
+def _device_us(evt) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(evt, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def profile_end(self) -> dict[str, Any]:
+    """Kernels' device time per profiled step (the GPU busy time), the top
+    kernels, and the host's CUDA runtime calls that can block (count, CPU time)."""
+    import torch
+
+    torch.cuda.synchronize()
+    prof = _STATE.pop("profiling", None)
+    _STATE["profiling"] = None
+    if prof is None:
+        return {"error": "profile_begin was not called"}
+    prof.stop()
+    steps = _STATE.get("profiled_steps", 0)
+    kernels, syncs = [], {}
+    for evt in prof.key_averages():
+        device_us = _device_us(evt)
+        is_device = str(getattr(evt, "device_type", "")).endswith("CUDA")
+        if is_device and device_us > 0:
+            kernels.append({"name": evt.key[:160], "calls": evt.count, "device_us": device_us})
+        elif evt.key in SYNC_CALLS:
+            syncs[evt.key] = {"calls": evt.count, "cpu_us": float(evt.cpu_time_total)}
+    kernels.sort(key=lambda k: -k["device_us"])
+    busy_us = sum(k["device_us"] for k in kernels)
+    return {
+        "rank": _STATE["installed"]["rank"],
+        "steps": steps,
+        "gpu_busy_ms_per_step": busy_us / 1e3 / steps if steps else None,
+        "top_kernels": [
+            k | {"us_per_step": k["device_us"] / steps if steps else None}
+            for k in kernels[:TOP_KERNELS]
+        ],
+        "host_sync_calls": syncs,
+    }
+
+
+def memory(self, phase: str) -> dict[str, Any]:
+    """This process's peaks from onegpu_perf's sampler; `phase` closes the current one."""
+    try:
+        import sitecustomize
+    except ImportError:
+        return {"error": "no sitecustomize"}
+    sampler = getattr(sitecustomize, "PERF_SAMPLER", None)
+    if sampler is None:
+        return {"error": "the memory sampler is off (FLASHNEXT_PERF_MEMORY unset)"}
+    return sampler.close_phase(phase)

@@ -1,0 +1,247 @@
+"""Issue 27's harness on CPU: `pp3_perf.py prepare` for real (the full
+skeleton, `flashnext plan` on the replayed 3090 facts, the sparse table),
+the engines' argv against the plan, the dry run, the contract's schema and
+the projection's arithmetic. Figures in the fixtures below are made up for
+the test and labelled so: they are not results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import contract  # noqa: E402
+import pp3_perf  # noqa: E402
+import projection  # noqa: E402
+
+BANDWIDTH = HERE.parent / "results" / "hbm_bandwidth-h200-b1.json"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pp3_perf")
+    pp3_perf.prepare(work, [], None)
+    return work
+
+
+@pytest.fixture(scope="module")
+def inputs(work):
+    return json.loads((work / "inputs.json").read_text())
+
+
+def _options(argv: list[str]) -> dict[str, str | None]:
+    """`--flag value` / `--flag` pairs of a serve argv (the model positional first)."""
+    out: dict[str, str | None] = {"MODEL": argv[0]}
+    i = 1
+    while i < len(argv):
+        flag = argv[i]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[flag], i = argv[i + 1], i + 2
+        else:
+            out[flag], i = None, i + 1
+    return out
+
+
+OVERRIDE_FLAGS = {
+    "load_format": "--load-format",
+    "skip_tokenizer_init": "--skip-tokenizer-init",
+    "additional_config": "--additional-config",
+    "max_model_len": "--max-model-len",
+}
+
+
+@pytest.mark.parametrize("name", ["offload", "offload-262k", "vram"])
+def test_argv_is_the_3x3090_plans_but_the_named_overrides(inputs, name):
+    engine = pp3_perf.engines_named([name])[0]
+    plan = inputs["plans"]["0"]
+    assert plan["profile"] == "3x3090"
+    argv, overrides = pp3_perf.engine_argv(plan, engine)
+    ours, theirs = _options(argv), _options(plan["argv"][2:])
+    changed = {f for f in ours.keys() | theirs.keys() if ours.get(f, "?") != theirs.get(f, "?")}
+    assert changed == {OVERRIDE_FLAGS[k] for k in overrides}
+    assert ours["--load-format"] == "dummy"
+    assert json.loads(ours["--additional-config"]) == {"gdn_prefill_backend": "triton"}
+    # The plan's own: PP 3, graphs, the mapped table, the scheduler, the KV bytes.
+    for flag in ("--pipeline-parallel-size", "--compilation-config", "--engram-config",
+                 "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes",
+                 "--gpu-memory-utilization"):  # fmt: skip
+        assert ours[flag] == theirs[flag]
+    assert ours["--pipeline-parallel-size"] == "3"
+    assert json.loads(ours["--compilation-config"])["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert json.loads(ours["--engram-config"])["mmap_path"] == inputs["table"]["path"]
+    assert ("max_model_len" in overrides) == (name == "vram")
+
+
+@pytest.mark.parametrize("name", ["offload", "vram"])
+def test_env_is_the_plans_plus_the_shim_less_offload_only_in_vram(inputs, name):
+    engine = pp3_perf.engines_named([name])[0]
+    plan = inputs["plans"]["0"]
+    env, changes = pp3_perf.engine_env(plan, engine)
+    assert plan["env"]["VLLM_QSA_KV_OFFLOAD"] == "1"
+    kept = {k: v for k, v in plan["env"].items() if k not in changes["env_dropped"]}
+    assert {k: env[k] for k in kept} == kept
+    assert set(env) - set(kept) == set(changes["env_added"])
+    assert env["FLASHNEXT_PP_ONE_GPU"] == "1" and env["FLASHNEXT_PERF_3090_KERNELS"] == "1"
+    assert changes["env_dropped"] == ([] if name == "offload" else list(pp3_perf.OFFLOAD_KEYS))
+
+
+def test_rank_bytes_add_up_to_the_plans_weights(inputs):
+    plan = inputs["plans"]["0"]
+    for r, b in enumerate(inputs["rank_bytes"]):
+        total = b["dense_bytes"] + b["routed_expert_bytes"] + b["embedding_bytes"]
+        assert total == plan["ranks"][r]["weight_bytes"]
+        assert (b["gdn_layers"], b["qsa_layers"], b["moe_layers"]) == (12, 4, 16)
+    assert sum(b["dense_bytes"] for b in inputs["rank_bytes"]) == plan["decode"]["dense_bytes"]
+    routed = sum(b["routed_expert_bytes"] for b in inputs["rank_bytes"])
+    assert routed == plan["decode"]["routed_expert_bytes"]
+
+
+def test_table_is_sparse_at_the_real_size(inputs):
+    table = Path(inputs["table"]["path"])
+    assert table.stat().st_size == inputs["table"]["bytes"] == 102_400_491_520  # RESULTS.md r0-r6
+    assert inputs["table"]["allocated_bytes"] < 1 << 20
+    assert json.loads(Path(f"{table}.json").read_text())
+
+
+def test_dry_run_prints_the_engines_without_vllm(work, inputs):
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "pp3_perf.py"), "run", "t0", "--work", str(work),
+         "--only", "offload", "offload-262k", "vram", "--dry-run"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [d["engine"] for d in lines] == ["offload", "offload-262k", "vram"]
+    for d in lines:
+        assert d["argv"][:2] == ["vllm", "serve"]
+        assert d["ballast_free_bytes"] == 3 * inputs["card_free_bytes"] == 3 * 25_390_219_264
+    assert lines[1]["cases"] == [{"kind": "ttft", "concurrency": 1, "prompt_tokens": 262_142}]
+    assert "vllm" not in proc.stderr.lower()
+
+
+def test_mtp_engine_needs_its_plan(inputs):
+    with pytest.raises(SystemExit, match="prepare --mtp 1"):
+        pp3_perf.spec_for(pp3_perf.engines_named(["mtp1"])[0], inputs)
+
+
+# --- projection: made-up inputs (a test fixture, not a result) ---------------
+
+FAKE_LINKS = projection.Links(h200_read_bytes_per_s=4e12, h200_h2d_bytes_per_s=50e9,
+                              b3090_bytes_per_s=1e12, link_3090_bytes_per_s=25e9)  # fmt: skip
+
+
+def test_projection_scales_device_time_and_moves_host_reads_to_the_3090_link():
+    # made up: 10 ms busy of which 1 ms is 50 MB of host reads at 50 GB/s; 2 ms CPU.
+    step = projection.MeasuredStep(gpu_busy_ms=10.0, cpu_ms=2.0, pcie_bytes=50_000_000,
+                                   hbm_bytes=1_000_000_000)  # fmt: skip
+    got = projection.project_step_ms(step, FAKE_LINKS)
+    # (10 - 1) ms x 4 = 36 ms (above the 1 GB / 1 TB/s = 1 ms floor) + 50 MB / 25 GB/s = 2 ms
+    assert got["gpu_ms"] == pytest.approx(38.0)
+    assert got["step_ms"] == pytest.approx(40.0)
+    floor = projection.MeasuredStep(0.1, 0.0, 0, 5_000_000_000)  # made up: the floor binds
+    assert projection.project_step_ms(floor, FAKE_LINKS)["gpu_ms"] == pytest.approx(5.0)
+
+
+def test_projection_adds_the_ranks_in_turn_and_counts_mtp_acceptance():
+    s = projection.MeasuredStep(2.5, 0.0, 0, 0)  # made up: 2.5 ms busy -> 10 ms on the 3090
+    out = projection.project_3090([s, s, s], [s, s, s], [s, s, s], FAKE_LINKS,
+                                  mtp1_draft_ms=2.5, acceptance_rate=0.5)  # fmt: skip
+    assert out["c1_tok_s"] == pytest.approx(1000 / 30)
+    assert out["c4_tok_s"] == pytest.approx(4000 / 30)
+    assert out["mtp1_c1_tok_s"] == pytest.approx(1.5 * 1000 / 40)
+    assert "no pipeline overlap" in out["basis"]
+    none = projection.project_3090([s], None, None, FAKE_LINKS)
+    assert none["c4_tok_s"] is None and none["mtp1_c1_tok_s"] is None
+
+
+def test_hbm_bytes_terms_by_hand():
+    config = {  # made up, shaped like the model's text_config
+        "num_experts": 4, "num_experts_per_tok": 2, "linear_num_key_heads": 1,
+        "linear_key_head_dim": 2, "linear_num_value_heads": 1, "linear_value_head_dim": 2,
+        "linear_conv_kernel_dim": 2, "mamba_ssm_dtype": "float32", "indexer_kv_heads": 1,
+        "indexer_head_dim": 4, "indexer_compress_ratio": 4, "indexer_budget": 8,
+        "num_key_value_heads": 1, "head_dim": 4,
+    }  # fmt: skip
+    rank = projection.RankBytes(dense_bytes=100, routed_expert_bytes=800, moe_layers=2,
+                                embedding_row_bytes=3, gdn_layers=1, qsa_layers=1)  # fmt: skip
+    terms = projection.hbm_bytes_per_step(rank, config, rows=1, context=16, kv_in_vram=True)
+    # experts: 2 of 4 per row -> 2 x 400 x 2/4 = 400; GDN: 2 x (1*2*2*4 + 6*1*2) = 56;
+    # indexer: 16/4 x 8 = 32; K/V: min(16, 8) x 1*4*2*2 = 128
+    assert terms == {"dense_weights": 100, "routed_experts": 400, "embedding_rows": 3,
+                     "gdn_state": 56, "qsa_indexer": 32, "qsa_kv": 128, "total": 719}  # fmt: skip
+    assert projection.pcie_bytes_per_step(rank, config, rows=1, context=16, kv_in_vram=False) == 128
+    off = projection.hbm_bytes_per_step(rank, config, rows=1, context=16, kv_in_vram=False)
+    assert off["qsa_kv"] == 0
+    assert projection.expected_distinct_experts(2, 2, 4) == pytest.approx(4 * (1 - 0.25))
+
+
+# --- the contract: raw files made up for the test (not results) ---------------
+
+
+def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
+    n = len(inputs["plans"]["0"]["ranks"])
+    window = [{"rank": r, "decode_rows": [1], "step_period_ms": 30.0, "execute_wall_ms": 2.0,
+               "sample_tokens": {"wall_us_median": 500.0 if r == n - 1 else None},
+               "ple_gather": {"calls": 64 if r == 0 else 0,
+                              "wall_us_per_step": 40.0 if r == 0 else None},
+               "mtp_propose": {"gpu_us_median": 3000.0 if mtp_k and r == n - 1 else None}}
+              for r in range(n)]  # fmt: skip
+    prof = [{"rank": r, "gpu_busy_ms_per_step": 8.0} for r in range(n)] if profile else None
+    memory = [{"pid_visible": pid_visible, "peaks": {"start": {"nvml": 23 << 30},
+                                                     "serving": {"nvml": 22 << 30}}}
+              for _ in range(n)]  # fmt: skip
+    cases = [{"kind": "decode", "concurrency": c, "prompt_tokens": 3000, "new_tokens": 64,
+              "ok": True, "ttft_s": 2.0, "decode_tok_s": 30.0, "ranks": window, "profile": prof}
+             for c in (1, 4)]  # fmt: skip
+    cases.append({"kind": "ttft", "concurrency": 1, "prompt_tokens": 48_000, "ok": True,
+                  "ttft_s": 27.0})  # fmt: skip
+    return {"ok": True, "spec": {"mode": "offload", "mtp_k": mtp_k, "overrides": {}},
+            "cases": cases, "memory_start": memory, "memory_serving": memory}  # fmt: skip
+
+
+def test_contract_has_exactly_the_issues_fields(inputs):
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    raws = {"offload": _fake_raw(inputs, "offload")}
+    doc = contract.build("test", inputs, raws, bandwidth)
+    assert doc["model"] == "full-size, dummy weights" and doc["emulated"] is True
+    assert "torch 2.11" in doc["note"] and "dummy weights" in doc["note"]
+    assert all(tuple(run) == contract.RUN_KEYS for run in doc["runs"])
+    assert all(tuple(row) == contract.RANK_KEYS for row in doc["ranks"])
+    assert tuple(doc["projection_3090"]) == contract.PROJECTION_KEYS
+    assert tuple(doc["cut"]) == contract.CUT_KEYS
+    assert [(r["rank"], r["batch"]) for r in doc["ranks"]] == [(r, b) for b in (1, 4)
+                                                               for r in range(3)]  # fmt: skip
+    row = doc["ranks"][0]
+    assert row["planned_bytes"] == inputs["plans"]["0"]["ranks"][0]["committed_bytes"]
+    assert row["cpu_ms"] == 2.0 and doc["ranks"][2]["cpu_ms"] == 2.5
+    assert row["ple_gather_us"] == 40.0 and doc["ranks"][1]["ple_gather_us"] == 0.0
+    assert row["roofline_fraction"] == pytest.approx(
+        row["hbm_bytes_per_step"] / 8e-3 / bandwidth["results"]["read"]["bytes_per_s"]
+    )
+    assert doc["projection_3090"]["c1_tok_s"] > 0
+    # MTP did not run: its projection is null and listed; so is the cut.
+    assert doc["projection_3090"]["mtp1_c1_tok_s"] is None
+    assert {"projection_3090.mtp1_c1_tok_s", "cut.what", "cut.before", "cut.after"} <= set(
+        doc["missing"]
+    )
+    assert not [m for m in doc["missing"] if m.startswith("ranks")]
+
+
+def test_contract_leaves_null_what_was_not_measured(inputs):
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    raws = {"offload": _fake_raw(inputs, "offload", profile=False, pid_visible=False)}
+    doc = contract.build("test", inputs, raws, bandwidth)
+    for i, row in enumerate(doc["ranks"]):
+        for key in ("gpu_busy_ms", "roofline_fraction", "start_peak_bytes", "serving_peak_bytes"):
+            assert row[key] is None and f"ranks[{i}].{key}" in doc["missing"]
+        assert row["hbm_bytes_per_step"] is not None  # computed, not measured
+    assert doc["projection_3090"]["c1_tok_s"] is None and doc["projection_3090"]["basis"] is None
+    empty = contract.build("test", inputs, {}, bandwidth)
+    assert empty["runs"] == [] and "runs" in empty["missing"]
+    assert all(row["step_ms"] is None for row in empty["ranks"])
