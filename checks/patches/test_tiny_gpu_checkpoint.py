@@ -29,7 +29,7 @@ from tiny_qwen4_exp import build_model, engine_args
 
 REPO = Path(__file__).resolve().parents[2]
 # The GPU harnesses whose checkpoint and engines are checked here (checks/gpu).
-for harness in ("tiny", "mtp", "ab"):
+for harness in ("tiny", "mtp", "ab", "common"):
     sys.path.insert(0, str(REPO / "checks" / "gpu" / harness))
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 
@@ -311,13 +311,32 @@ def test_flashnext_table_prepare_takes_its_shards(checkpoint: Path, tmp_path: Pa
             assert data[at : at + row_bytes] == flat[r * row_bytes : (r + 1) * row_bytes], r
 
 
+@pytest.fixture(scope="module")
+def tiny_plans(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    """The h200-tiny plans the MTP run's engines take, by K (0: MTP off), as
+    checks/gpu/ab/run-in-vllm writes them (checks/gpu/common/tiny_plan.py)."""
+    from tiny_plan import write_plan
+
+    root = tmp_path_factory.mktemp("tiny-plans")
+    table = checkpoint.parent / "tables" / "ple-packed.bin"
+    plans = {}
+    with pytest.MonkeyPatch.context() as mp:  # `flashnext` for this python's subprocesses
+        mp.setenv("PYTHONPATH", f"{REPO / 'launcher' / 'src'}:{os.environ.get('PYTHONPATH', '')}")
+        for k in (0, 1, 2):
+            path = write_plan(
+                root / f"plan-mtp{k}.json", checkpoint, table, "h200-tiny", mtp=k or None
+            )
+            plans[k] = json.loads(path.read_text())
+    return plans
+
+
 def test_the_mtp_equality_engines_draft_only_where_asked_and_offload_the_drafter_once(
-    checkpoint: Path, vllm_tree
+    checkpoint: Path, tiny_plans: dict[int, dict], vllm_tree
 ):
-    """checks/gpu/mtp/mtp_equality.py's engines, as the worker builds them, through
-    vLLM's own EngineArgs: the mtp-on ones draft K tokens with the checkpoint's
-    MTP layer, and the serving-setup one asks vLLM's UVA offloader for the kit's
-    drafter segments."""
+    """checks/gpu/mtp/mtp_equality.py's engines, as the worker builds them from the
+    h200-tiny plans, through vLLM's own EngineArgs: the mtp-on ones draft K tokens
+    with the checkpoint's MTP layer, and the serving-setup one asks vLLM's UVA
+    offloader for the plan's drafter segments."""
     from types import SimpleNamespace
 
     if vllm_tree.kind == "stock":
@@ -329,11 +348,13 @@ def test_the_mtp_equality_engines_draft_only_where_asked_and_offload_the_drafter
 
     ks = [1, 2]
     args = SimpleNamespace(model=checkpoint, tables=checkpoint.parent / "tables",
-                           gpu_memory_utilization=0.05, speculative_tokens=ks)  # fmt: skip
+                           plan=tiny_plans[0], mtp_plans={k: tiny_plans[k] for k in ks},
+                           gpu_memory_utilization=None, speculative_tokens=ks)  # fmt: skip
     built = {}
     for arm in mtp_equality.compared_arms(ks) + mtp_equality.timed_arms(ks):
-        spec = mtp_equality.engine_spec(arm, args, {}, [1] * 10)
-        built[arm.name] = (arm, EngineArgs(**engine_kwargs(spec)).create_engine_config())
+        kwargs, _ = engine_kwargs(mtp_equality.engine_spec(arm, args, {}, [1] * 10))
+        built[arm.name] = (arm, EngineArgs(**kwargs).create_engine_config())
+    argv = tiny_plans[0]["argv"]
     for arm, config in built.values():
         sc = config.speculative_config
         if arm.speculative_tokens:
@@ -344,8 +365,9 @@ def test_the_mtp_equality_engines_draft_only_where_asked_and_offload_the_drafter
         uva = config.offload_config.uva
         if arm.name == "mtp-on-offload-k2":
             assert uva.cpu_offload_gb > 0
-            assert uva.cpu_offload_params == {"mtp.embed_tokens", "mtp.layers.8.mlp.experts"}
+            assert set(uva.cpu_offload_params) == {"mtp.embed_tokens", "mtp.layers.8.mlp.experts"}
         else:
             assert uva.cpu_offload_gb == 0 and not uva.cpu_offload_params, arm.name
         assert config.engram_config.mmap_path == str(args.tables / "ple-packed.bin")
-        assert config.model_config.max_model_len == mtp_equality.in_vllm_ab.MAX_MODEL_LEN
+        max_model_len = int(argv[argv.index("--max-model-len") + 1])
+        assert config.model_config.max_model_len == max_model_len

@@ -1,21 +1,29 @@
 """The A/B inside vLLM 0.33.0 on a GPU: stock vs patched, every mode, one verdict table.
 
-    python checks/gpu/ab/in_vllm_ab.py --model DIR --tables DIR --kit /root/kit \\
-        --out OUT_DIR --raw RAW_DIR --run-id N [--phase all|ab|timing] [--parallel 9]
+    python checks/gpu/ab/in_vllm_ab.py --model DIR --tables DIR --plan PLAN.json \\
+        --kit /root/kit --out OUT_DIR --raw RAW_DIR --run-id N [--phase all|ab|timing] \\
+        [--parallel 9]
 
 Runs on the GPU host with its own python (torch there; vLLM comes from the
 kit, checks/gpu/kit). Each engine run is its own process
 (checks/gpu/ab/in_vllm_worker.py) on the tiny checkpoint of
-checks/gpu/tiny/tiny_model.py:
+checks/gpu/tiny/tiny_model.py, with the h200-tiny profile's settings: PLAN is its
+`flashnext plan --json` (run-in-vllm writes it on the GPU host), whose argv
+vLLM's own parser turns into each engine's LLM(...) arguments
+(checks/gpu/common/plan_settings.py) and whose environment is each engine's.
+What a run must differ in is overridden by name (`run_overrides`) and recorded
+in the result (`engines.<run>.overrides`, `env_dropped`):
 
-  a  stock vLLM, PLE table pinned in memory (stock default), QSA K/V in VRAM
-  b  patched, PLE from `flashnext table prepare`'s file (packed, page-aligned),
-     QSA K/V in VRAM
-  c  patched, PLE from the packed file, QSA K/V offloaded to host RAM, with
-     VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS=1024 so long prefills merge many chunks
+  a  stock vLLM, PLE table pinned in memory (stock default: no --engram-config,
+     which stock's parser rejects), QSA K/V in VRAM (the plan's offload
+     variables dropped)
+  b  patched, PLE from `flashnext table prepare`'s file (packed: the plan's;
+     page-aligned), QSA K/V in VRAM
+  c  patched, PLE from the packed file, QSA K/V offloaded to host RAM as the
+     plan has it (1,024-token chunks, so long prefills merge many chunks)
   sensitivity  c (eager) with every offloaded selection permuted: must differ
 
-each eager and with FULL_DECODE_ONLY graphs, on prompts of 100, 3,000 and
+each eager (an override) and with the plan's FULL_DECODE_ONLY graphs, on prompts of 100, 3,000 and
 20,000 distinct random token ids at batch 1 and 4. Every b and c run is
 compared with a of the same graph mode, and with stock's own run-to-run spread
 (the other a run), by checks/gpu/common/logprob_compare.py (vLLM's check_logprobs_close
@@ -50,14 +58,17 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
 from logprob_compare import compare_runs  # noqa: E402
+from plan_settings import plan_env, plan_table  # noqa: E402
 
 PROMPT_LENGTHS = (100, 3000, 20000)
 BATCHES = (1, 4)
 TIMED_PROMPT_TOKENS = 3000
-MAX_MODEL_LEN = 24576
-KV_CACHE_MEMORY_BYTES = 256 << 20
-HOST_CAP_BYTES = 16 << 30
 RUN_TIMEOUT_S = 420
+PROFILE = "h200-tiny"  # the profile whose plan every engine runs (run-in-vllm writes it)
+TABLES = {"packed": "ple-packed.bin", "aligned": "ple-aligned.bin"}
+# The worker's engine runs in its own process, so the timing hooks and the
+# sensitivity run's permutation see the real worker.
+HARNESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @dataclass(frozen=True)
@@ -108,27 +119,35 @@ def make_prompts(model: Path, seed: int = 0) -> dict[str, list[list[int]]]:
     return cases
 
 
-def worker_spec(run: Run, args, cases, timed_prompts) -> dict[str, Any]:
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    if run.offload:
-        env |= {
-            "VLLM_QSA_KV_OFFLOAD": "1",
-            "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS": "1024",
-            "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES": str(HOST_CAP_BYTES),
-        }
-    table = {"packed": "ple-packed.bin", "aligned": "ple-aligned.bin"}.get(run.table or "")
+def run_overrides(run: Run, args, plan: dict[str, Any]) -> dict[str, Any]:
+    """What this run's engine must differ in from the plan, by name (None: unset)."""
+    wanted: dict[str, Any] = {"model": str(args.model)}  # a copy of the plan's (MTP's drafters)
+    if run.graphs == "eager":
+        wanted |= {"enforce_eager": True, "compilation_config": None}
+    table = TABLES.get(run.table or "")
+    if table is None:
+        wanted["engram_config"] = None  # stock's PLE: the table pinned in host memory
+    elif str(args.tables / table) != plan_table(plan):
+        wanted["engram_config"] = {"mmap_path": str(args.tables / table)}
+    if args.gpu_memory_utilization is not None:  # a start-up gate only: the KV bytes are set
+        wanted["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return wanted
+
+
+def worker_spec(run: Run, args, cases, timed_prompts, plan=None) -> dict[str, Any]:
+    """The worker's spec: the plan (args.plan unless given), this run's overrides, its
+    environment (the plan's, less the QSA offload variables where K/V stay in VRAM)."""
+    plan = args.plan if plan is None else plan
+    env, dropped = plan_env(plan, offload=run.offload)
     return {
         "run": run.name,
-        "model": str(args.model),
-        "table": str(args.tables / table) if table else None,
-        "graphs": run.graphs,
-        "max_model_len": MAX_MODEL_LEN,
-        "kv_cache_memory_bytes": KV_CACHE_MEMORY_BYTES,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "plan": {"argv": list(plan["argv"]), "env": dict(plan["env"])},
+        "overrides": run_overrides(run, args, plan),
         "permute_selection": run.permute_selection,
         "cases": {} if run.timed else cases,
         "timed_batches": [timed_prompts[:1], timed_prompts[:4]] if run.timed else [],
-        "env": {**env, **run.env},
+        "env": env | HARNESS_ENV | run.env,
+        "env_dropped": dropped,
     }
 
 
@@ -233,6 +252,14 @@ def timing_ratios(records: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def engine_record(record: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """An engine's line in the result: what it differs in from the plan (the
+    overrides it applied, the plan's variables it dropped) and how it ran."""
+    keys = ("overrides", "startup_s", "wall_s", "peak_vram_bytes", "mean_top1_logprob",
+            "error", "log_tail")  # fmt: skip
+    return {k: record.get(k) for k in keys} | {"env_dropped": spec["env_dropped"]}
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"### in-vLLM A/B, run {result['run_id']} ({result['host']['gpu']}, "
@@ -278,13 +305,33 @@ def engine_run_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--tables", type=Path, required=True)
+    parser.add_argument(
+        "--plan", type=Path, required=True,
+        help=f"`flashnext plan --json` of the {PROFILE} profile: every engine's settings",
+    )  # fmt: skip
     parser.add_argument("--kit", type=Path, default=Path("/root/kit"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--raw", type=Path, required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--timeout", type=int, default=RUN_TIMEOUT_S)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=None,
+        help="instead of the plan's (an override, recorded)",
+    )  # fmt: skip
     return parser
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """The plan file, checked to be the harness's profile's."""
+    plan = json.loads(Path(path).read_text())
+    if plan.get("profile") != PROFILE:
+        raise SystemExit(f"{path}: a plan of {plan.get('profile')!r}, not of {PROFILE!r}")
+    return plan
+
+
+def plan_record(plan: dict[str, Any]) -> dict[str, Any]:
+    """What a result says of the plan its engines ran."""
+    return {k: plan.get(k) for k in ("profile", "plan_hash", "argv", "env")}
 
 
 def main() -> int:
@@ -299,6 +346,7 @@ def main() -> int:
     )
     parser.add_argument("--only", nargs="*", default=None, help="run names to run")
     args = parser.parse_args()
+    args.plan = read_plan(args.plan)
     args.out.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
 
@@ -322,34 +370,17 @@ def main() -> int:
             records[run.name] = launch(run, specs[run.name], args)
     rows, changed = verdicts(records, runs)
     result = {
-        "schema_version": 1,
+        "schema_version": 2,
         "run_id": args.run_id,
         "host": host,
-        "settings": {
-            "kv_cache_memory_bytes": KV_CACHE_MEMORY_BYTES,
-            "max_model_len": MAX_MODEL_LEN,
-            "max_num_batched_tokens": 512,
-            "max_num_seqs": 4,
-            "enable_prefix_caching": False,
-            "qsa_offload_chunk_tokens": 1024,
-            "top_k_logprobs": 5,
-        },
+        # Every engine's settings: the plan's, but for each engine's overrides (engines).
+        "plan": plan_record(args.plan),
+        "settings": {"top_k_logprobs": 5},
         "runs": rows,
         "sensitivity_changed": changed,
         "timing": timing_ratios(records),
         "engines": {
-            name: {
-                k: rec.get(k)
-                for k in (
-                    "startup_s",
-                    "wall_s",
-                    "peak_vram_bytes",
-                    "mean_top1_logprob",
-                    "error",
-                    "log_tail",
-                )
-            }
-            for name, rec in records.items()
+            name: engine_record(rec, specs[name]) for name, rec in records.items()
         },  # fmt: skip
     }
     stem = args.out / f"in_vllm_ab-{args.run_id}"

@@ -3,13 +3,15 @@
     python checks/gpu/ab/in_vllm_worker.py SPEC.json OUT.json
 
 Run by checks/gpu/ab/in_vllm_ab.py, one process per run, with PYTHONPATH naming
-the stock or the patched vLLM tree (checks/gpu/kit). SPEC says which tree,
-which PLE backend and QSA placement, eager or FULL_DECODE_ONLY graphs, the
-prompts and whether to time decode. The engine runs in this process
+the stock or the patched vLLM tree (checks/gpu/kit). SPEC holds the plan
+(`flashnext plan --json` of the h200-tiny profile: argv and env), the run's
+overrides by name (the PLE backend, eager, MTP: in_vllm_ab.run_overrides,
+mtp_equality.engine_spec), the prompts and whether to time decode. The engine's
+LLM(...) arguments are the plan's argv through vLLM's own parser with those
+overrides (checks/gpu/common/plan_settings.py); OUT records the overrides that
+changed something. The engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the timing hooks and the sensitivity
-run's selection permutation see the real worker. The scheduler settings are
-the 3x3090 profile's: prefix caching off, 512 batched tokens, up to 4
-sequences, compilation mode 0 with FULL_DECODE_ONLY graphs of sizes 1, 2, 4.
+run's selection permutation see the real worker.
 
 Everything here runs under `if __name__ == "__main__"`: vLLM's engine may
 re-import the main module.
@@ -28,45 +30,19 @@ GPU = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(GPU / "common"))
 
 from engine_probes import rewrite_offload_selection, spec_decode_counts  # noqa: E402
+from plan_settings import engine_settings  # noqa: E402
 
 TOP_K = 5
 MAX_NEW_TOKENS = 16
 TIMED_NEW_TOKENS = 128
 
 
-def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
-    """LLM(...) arguments: the profile's scheduler settings plus the run's mode."""
-    kwargs: dict[str, Any] = {
-        "model": spec["model"],
-        "language_model_only": True,
-        "dtype": "bfloat16",
-        "seed": 0,
-        "max_model_len": spec["max_model_len"],
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 512,
-        "enable_prefix_caching": False,
-        "kv_cache_memory_bytes": spec["kv_cache_memory_bytes"],
-        "gpu_memory_utilization": spec["gpu_memory_utilization"],
-        # 3090s take the triton GDN prefill anyway; it avoids flashinfer's JIT.
-        "additional_config": {"gdn_prefill_backend": "triton"},
-    }
-    if spec["graphs"] == "eager":
-        kwargs["enforce_eager"] = True
-    else:
-        kwargs["compilation_config"] = {
-            "mode": 0,
-            "cudagraph_mode": "FULL_DECODE_ONLY",
-            "cudagraph_capture_sizes": [1, 2, 4],
-        }
-    if spec.get("table"):
-        kwargs["engram_config"] = {"mmap_path": spec["table"]}
-    if spec.get("speculative_config"):
-        kwargs["speculative_config"] = spec["speculative_config"]
-        kwargs["disable_log_stats"] = False  # the spec-decode counters (LLM.get_metrics)
-    if spec.get("cpu_offload"):  # vLLM's UVA weight offload: {"gb": G, "params": [segments]}
-        kwargs["cpu_offload_gb"] = spec["cpu_offload"]["gb"]
-        kwargs["cpu_offload_params"] = set(spec["cpu_offload"]["params"])
-    return kwargs
+def engine_kwargs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LLM(...) arguments: the plan's with this run's overrides; and the overrides
+    that changed something (a patched-only flag overridden to None leaves the
+    argv before stock's parser sees it)."""
+    kwargs, _, applied = engine_settings(spec["plan"], spec["overrides"])
+    return kwargs, applied
 
 
 def install_selection_permutation() -> None:
@@ -151,7 +127,9 @@ def mean_top1_logprob(requests: list[dict[str, Any]]) -> float | None:
     return sum(tops) / len(tops) if tops else None
 
 
-def time_decode(llm, prompts: list[list[int]], gather: GatherTimer) -> dict[str, Any]:
+def time_decode(
+    llm, prompts: list[list[int]], gather: GatherTimer, max_num_seqs: int
+) -> dict[str, Any]:
     """TTFT (1 new token) and decode tok/s (128 more) for this batch of prompts."""
     from vllm import SamplingParams
 
@@ -169,7 +147,7 @@ def time_decode(llm, prompts: list[list[int]], gather: GatherTimer) -> dict[str,
     start = time.perf_counter()
     llm.generate(inputs, longer, use_tqdm=False)
     total = time.perf_counter() - start
-    decode_gather = gather.take(max_tokens=4)  # decode steps only (max_num_seqs)
+    decode_gather = gather.take(max_tokens=max_num_seqs)  # decode steps only
     decode_s = max(total - ttft, 1e-9)
     return {
         "batch": len(prompts),
@@ -189,8 +167,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         install_selection_permutation()
     gather = GatherTimer()
     gather_hooked = gather.install()
+    kwargs, applied = engine_kwargs(spec)
     started = time.perf_counter()
-    llm = LLM(**engine_kwargs(spec))
+    llm = LLM(**kwargs)
     startup_s = time.perf_counter() - started
     params = SamplingParams(
         temperature=0,
@@ -207,12 +186,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         cases[case] = record(outputs)
     # Before the timed runs, so the counts are those of the compared cases.
-    spec_decode = spec_decode_counts(llm.get_metrics()) if spec.get("speculative_config") else None
+    mtp = kwargs.get("speculative_config")
+    spec_decode = spec_decode_counts(llm.get_metrics()) if mtp else None
     gather.take()
-    timing = [time_decode(llm, batch, gather) for batch in spec.get("timed_batches", [])]
+    seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs  # the plan's
+    timing = [time_decode(llm, batch, gather, seqs) for batch in spec.get("timed_batches", [])]
     return {
         "spec_decode": spec_decode,
         "run": spec["run"],
+        "overrides": applied,
         "startup_s": startup_s,
         "ple_gather_hooked": gather_hooked,
         "peak_vram_bytes": torch.cuda.max_memory_allocated(),

@@ -5,9 +5,12 @@ a profile. A harness that builds `LLM(...)` itself takes its arguments from
 there, parsed by vLLM 0.33.0's own `vllm serve` parser: when a profile
 changes, the harness follows. What a harness must differ in (eager instead
 of graphs, PP=1 for a reference, the executor for the one-GPU emulation) is
-overridden by name and returned, so results record it.
+overridden by name and returned, so results record it. A harness that
+starts `vllm serve`'s argv itself (rank-fit) applies its overrides to the argv
+here too (`argv_with_overrides`).
 
-Runs under the pinned vLLM env's python (it imports vLLM).
+`engine_settings` and `llm_kwargs` run under a vLLM python (they import
+vLLM's parser); the rest is stdlib, for the harnesses' orchestrators.
 
     python checks/gpu/common/plan_settings.py PLAN.json [NAME=JSON ...]  # prints the settings
 """
@@ -19,6 +22,69 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+# Flags of the patched tree that stock vLLM's parser rejects: stock's EngramConfig
+# has no mmap_path (patch 0012). Overridden to None, they leave the argv before parsing.
+PATCHED_ONLY_FLAGS = {"engram_config": "--engram-config"}
+
+# The plan's QSA offload variables (patch 0022): an engine that keeps K/V in VRAM drops them.
+QSA_OFFLOAD_ENV = (
+    "VLLM_QSA_KV_OFFLOAD",
+    "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS",
+    "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES",
+)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value after `flag` in argv (None: absent)."""
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def plan_table(plan: dict[str, Any]) -> str | None:
+    """The PLE table file the plan's `--engram-config` names."""
+    engram = flag_value(list(plan["argv"]), "--engram-config")
+    return None if engram is None else json.loads(engram).get("mmap_path")
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """argv less `flag VALUE`."""
+    if flag not in argv:
+        return argv
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 2 :]
+
+
+def plan_env(plan: dict[str, Any], *, offload: bool) -> tuple[dict[str, str], list[str]]:
+    """The plan's environment for an engine, and the plan's variables it drops: an
+    engine with QSA K/V in VRAM (offload False) drops the offload variables."""
+    dropped = [] if offload else [k for k in QSA_OFFLOAD_ENV if k in plan["env"]]
+    return {k: v for k, v in plan["env"].items() if k not in dropped}, dropped
+
+
+def argv_with_overrides(argv: list[str], overrides: dict[str, Any]) -> list[str]:
+    """`vllm serve`'s own arguments (the model first) with overrides by EngineArgs
+    name: "model" replaces the positional; None drops the flag and its value; True
+    is a bare flag; other values replace the flag's value in place, or are appended
+    (dicts and lists as JSON)."""
+    out = list(argv)
+    for name, value in overrides.items():
+        if name == "model":
+            out[0] = str(value)
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            out = without_flag(out, flag)
+        elif value is False:
+            raise ValueError(f"override {name}=False: name its --no- flag in the plan instead")
+        elif value is True:
+            out += [] if flag in out else [flag]
+        else:
+            text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            if flag in out:
+                out[out.index(flag) + 1] = text
+            else:
+                out += [flag, text]
+    return out
 
 
 def llm_kwargs(argv: list[str]) -> dict[str, Any]:
@@ -50,13 +116,20 @@ def engine_settings(
     """(LLM kwargs, environment, the overrides applied) of a plan.
 
     An override whose value is None removes the setting (e.g. the compilation
-    config of an eager run); the environment is the plan's, exactly. Only
-    overrides that change something are applied and returned: one that
-    restates the plan is no difference to record.
+    config of an eager run); a patched-only flag so removed leaves the argv
+    before parsing, so stock's parser never sees it. The environment is the
+    plan's, exactly. Only overrides that change something are applied and
+    returned: one that restates the plan is no difference to record.
     """
-    kwargs = llm_kwargs(list(plan["argv"]))
-    applied: dict[str, Any] = {}
-    for name, value in (overrides or {}).items():
+    argv, applied = list(plan["argv"]), {}
+    overrides = dict(overrides or {})
+    for name, flag in PATCHED_ONLY_FLAGS.items():
+        if name in overrides and overrides[name] is None:
+            del overrides[name]
+            if flag in argv:
+                argv, applied[name] = without_flag(argv, flag), None
+    kwargs = llm_kwargs(argv)
+    for name, value in overrides.items():
         if name not in {f.name for f in dataclasses.fields(_engine_args())}:
             raise ValueError(f"override {name!r} is not an EngineArgs field")
         if kwargs.get(name) == value:

@@ -22,7 +22,7 @@ import pytest
 GPU = Path(__file__).resolve().parents[1]
 REPO = GPU.parents[1]
 sys.path.insert(0, str(GPU / "pp3"))
-sys.path.insert(0, str(REPO / "checks" / "launcher"))
+sys.path.insert(0, str(GPU / "common"))
 
 PROFILE = "h200-tiny-pp3"
 
@@ -36,28 +36,11 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    from h200_tiny_facts import h200_facts
-    from test_profile_h200_tiny_pp3 import three_h200s
+    from tiny_plan import tiny_checkpoint, write_plan
 
-    py = vllm_python()
     root = tmp_path_factory.mktemp("plan-settings")
-    model, table = root / "tiny12", root / "ple-packed.bin"
-    tiny_model = GPU / "tiny" / "tiny_model.py"
-    subprocess.run([py, str(tiny_model), str(model), "--layers", "12"], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "flashnext", "table", "prepare", "--model", str(model),
-         "--out", str(table), "--force"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    facts = root / "three.json"
-    facts.write_text(json.dumps(three_h200s(h200_facts(model, table, 8000))))
-    out = subprocess.run(
-        [sys.executable, "-m", "flashnext", "plan", "--json", "--facts", str(facts),
-         "--profile", PROFILE, "--model", str(model), "--table", str(table)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    path = root / "plan.json"
-    path.write_text(out.stdout)
+    model, table = tiny_checkpoint(root, vllm_python(), layers=12)
+    path = write_plan(root / "plan.json", model, table, PROFILE, gpus=3)
     return path, model, table
 
 
@@ -102,6 +85,38 @@ def test_overrides_are_named_and_recorded(plan):
         capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
     )  # fmt: skip
     assert out.returncode != 0 and "'no_such_field' is not an EngineArgs field" in out.stderr
+
+
+def test_a_patched_only_flag_overridden_to_none_never_reaches_the_parser(plan, tmp_path):
+    """Stock's parser rejects the plan's --engram-config (no mmap_path there): an
+    engine that unsets it must drop it before parsing. A value no parser takes
+    shows it was never parsed."""
+    doc = json.loads(plan[0].read_text())
+    argv = doc["argv"]
+    argv[argv.index("--engram-config") + 1] = '{"no_such_field": 1}'
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    out = settings(path, "engram_config=null")
+    assert "engram_config" not in out["kwargs"] and out["overrides"] == {"engram_config": None}
+
+
+def test_overrides_reach_a_serve_argv_by_name():
+    """The rank-fit harness starts `vllm serve`'s own argv: overrides by EngineArgs name."""
+    from plan_settings import argv_with_overrides
+
+    argv = ["/m", "--pipeline-parallel-size", "3", "--engram-config", "{}", "--max-num-seqs", "4"]
+    out = argv_with_overrides(argv, {
+        "model": "/slice", "pipeline_parallel_size": 1, "load_format": "dummy",
+        "skip_tokenizer_init": True, "engram_config": None,
+        "additional_config": {"gdn_prefill_backend": "triton"},
+    })  # fmt: skip
+    assert out == [
+        "/slice", "--pipeline-parallel-size", "1", "--max-num-seqs", "4",
+        "--load-format", "dummy", "--skip-tokenizer-init",
+        "--additional-config", '{"gdn_prefill_backend": "triton"}',
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="--no- flag"):
+        argv_with_overrides(argv, {"enable_prefix_caching": False})
 
 
 # What a PP=3 harness engine may differ in from the plan, and why (pp3/engine.py).

@@ -1,13 +1,21 @@
 """MTP inside vLLM 0.33.0 on a GPU (issue 16): greedy output with MTP equals it without.
 
-    python checks/gpu/mtp/mtp_equality.py --model DIR --tables DIR --kit /root/kit \\
+    python checks/gpu/mtp/mtp_equality.py --model DIR --tables DIR --plan PLAN.json \\
+        --mtp-plan PLAN-MTP1.json --mtp-plan PLAN-MTP2.json --kit /root/kit \\
         --out OUT_DIR --raw RAW_DIR --run-id N [--speculative-tokens 1 2]
 
 Engines of the patched tree (checks/gpu/kit) on a tiny checkpoint with one
 MTP layer (checks/gpu/tiny/tiny_model.py, its LM head narrowed to three tokens by
 checks/gpu/mtp/narrow_head.py), each its own process (in_vllm_worker.py), with
-the 3x3090 profile's scheduler, FULL_DECODE_ONLY graphs and PLE from the
-packed table. `--drafters` adds copies whose MTP layer echoes the target at
+the h200-tiny profile's settings: PLAN is its `flashnext plan --json` (MTP
+off), each --mtp-plan the same with `--mtp K` (run-in-vllm writes them on the
+GPU host), parsed by vLLM's own parser (checks/gpu/common/plan_settings.py).
+An MTP engine runs the plan of its K; what it must differ in is overridden
+by name and recorded in the result (`engines.<name>.overrides`,
+`env_dropped`): the echo-drafter copy, the drafter's weights kept in VRAM
+(no --cpu-offload-gb/params) but in the serving setup, vLLM's spec-decode
+counters on, and the QSA offload variables dropped where K/V stay in VRAM.
+`--drafters` adds copies whose MTP layer echoes the target at
 a gain each (checks/gpu/mtp/echo_drafter.py): the gain sets how often the
 drafter is right, so one run shows the output unchanged from a drafter that
 is almost never right to one that nearly always is. Each MTP engine below
@@ -17,10 +25,10 @@ then runs once per drafter (names end in -gG), the serving setup for the
   mtp-off           no speculative decoding, QSA K/V in VRAM
   mtp-on-kK         --speculative-config {"method": "mtp", "num_speculative_tokens": K}
   mtp-off-offload   QSA K/V in host RAM (VLLM_QSA_KV_OFFLOAD, patch 0022)
-  mtp-on-offload-kK the 3x3090 serving setup: QSA K/V in host RAM, MTP, and the
-                    drafter's routed experts and embedding in pinned host memory
-                    (--cpu-offload-gb / --cpu-offload-params with the kit's own
-                    segments, flashnext.plan.mtp.drafter_offload_params; patch 0031)
+  mtp-on-offload-kK the serving setup, the MTP plan as it is: QSA K/V in host
+                    RAM, MTP, and the drafter's routed experts and embedding in
+                    pinned host memory (the plan's --cpu-offload-gb /
+                    --cpu-offload-params, flashnext.plan.mtp; patch 0031)
 
 Each mtp-on engine is compared with the mtp-off engine of the same K/V
 placement. Prompts of 100 and 3,000 random ids at batch 1 and 4, greedy,
@@ -62,19 +70,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "ab"))
 sys.path.insert(0, str(HERE.parent / "common"))
-sys.path.insert(0, str(HERE.parents[2] / "launcher" / "src"))
 
 import in_vllm_ab  # noqa: E402
 import logprob_compare  # noqa: E402
-from flashnext.plan.mtp import drafter_offload_params  # noqa: E402
 from in_vllm_ab import Run  # noqa: E402
+from plan_settings import flag_value  # noqa: E402
 
 PROMPT_LENGTHS = (100, 3000)
 NEW_TOKENS = 64  # enough steps for the acceptance count to mean something
+# K by default; run-in-vllm writes a plan for each (its default list is this one).
+SPECULATIVE_TOKENS = (1, 2)
 ACCEPTANCE_BAND = (0.2, 0.9)
-# --cpu-offload-gb for the serving-setup engine: a cap, not a size; the tiny
-# drafter's experts and embedding are a few MiB, the segments pick them.
-UVA_CAP_GIB = 1.0
 # echo_drafter.RECORD (that module needs numpy; this one runs on the host's python).
 ECHO_RECORD = "echo_drafter.json"
 # Patch 0031's line once the drafter's weights are loaded (the engine core may
@@ -160,30 +166,32 @@ def drafter_models(dirs: list[Path]) -> dict[float, Path]:
     return found
 
 
-def text_config(model: Path) -> dict[str, Any]:
-    config = json.loads((Path(model) / "config.json").read_text())
-    return config.get("text_config", config)
+def plan_tokens(plan: dict[str, Any]) -> int:
+    """K of a plan: its --speculative-config's draft tokens (0: MTP off)."""
+    spec = flag_value(list(plan["argv"]), "--speculative-config")
+    return 0 if spec is None else int(json.loads(spec)["num_speculative_tokens"])
+
+
+def mtp_plans(paths: list[Path]) -> dict[int, dict[str, Any]]:
+    """The MTP plans (`flashnext plan --json --mtp K`) by K."""
+    plans = [in_vllm_ab.read_plan(p) for p in paths]
+    return {plan_tokens(plan): plan for plan in plans}
 
 
 def engine_spec(arm: Arm, args, cases, timed_prompt) -> dict[str, Any]:
+    """The worker's spec: the plan of the arm's K, with what the arm differs in."""
     model = args.model if arm.gain is None else args.drafter_models[arm.gain]
+    plan = args.mtp_plans[arm.speculative_tokens] if arm.speculative_tokens else args.plan
     spec = in_vllm_ab.worker_spec(arm.run(), Namespace(**{**vars(args), "model": model}),
-                                  cases, [timed_prompt])  # fmt: skip
+                                  cases, [timed_prompt], plan)  # fmt: skip
     spec["timed_batches"] = [[timed_prompt]] if arm.timed else []
     spec["max_new_tokens"] = NEW_TOKENS
     spec["prompt_logprobs"] = False  # only the generated tokens are compared
     spec["ignore_eos"] = True  # the narrowed head's tie token may be the EOS id
     if arm.speculative_tokens:
-        spec["speculative_config"] = {
-            "method": "mtp",
-            "num_speculative_tokens": arm.speculative_tokens,
-        }
-        if arm.offload:
-            text = text_config(args.model)
-            segments = drafter_offload_params(
-                int(text["num_hidden_layers"]), int(text.get("mtp_num_hidden_layers", 1))
-            )
-            spec["cpu_offload"] = {"gb": UVA_CAP_GIB, "params": list(segments)}
+        spec["overrides"]["disable_log_stats"] = False  # vLLM's spec-decode counters
+        if not arm.offload:  # only the serving setup keeps the drafter's weights in host RAM
+            spec["overrides"] |= {"cpu_offload_gb": None, "cpu_offload_params": None}
     return spec
 
 
@@ -415,7 +423,9 @@ def launch_or_reuse(arm: Arm, spec: dict[str, Any], args) -> dict[str, Any]:
 
 def main() -> int:
     parser = in_vllm_ab.engine_run_parser(__doc__.splitlines()[0])
-    parser.add_argument("--speculative-tokens", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--speculative-tokens", type=int, nargs="+", default=list(SPECULATIVE_TOKENS)
+    )
     parser.add_argument(
         "--drafters",
         type=Path,
@@ -430,9 +440,17 @@ def main() -> int:
         default=None,
         help="the drafters run in the serving setup too (default: all)",
     )
+    parser.add_argument(
+        "--mtp-plan", type=Path, action="append", default=[],
+        help="the plan with `--mtp K`, one per --speculative-tokens K",
+    )  # fmt: skip
     parser.add_argument("--reuse", action="store_true", help="read back finished engines")
     args = parser.parse_args()
     ks = sorted(set(args.speculative_tokens))
+    args.plan = in_vllm_ab.read_plan(args.plan)
+    args.mtp_plans = mtp_plans(args.mtp_plan)
+    if plan_tokens(args.plan) or set(ks) - set(args.mtp_plans):
+        parser.error(f"--plan without MTP and an --mtp-plan for each K of {ks} (run-in-vllm)")
     args.drafter_models = drafter_models(args.drafters)
     gains = sorted(args.drafter_models) or [None]
     unknown = set(args.serving_gains or ()) - set(args.drafter_models)
@@ -447,12 +465,10 @@ def main() -> int:
         f"{in_vllm_ab.TIMED_PROMPT_TOKENS}x1"
     ][0]
     compared = compared_arms(ks, gains, args.serving_gains)
+    specs = {arm.name: engine_spec(arm, args, cases, timed_prompt) for arm in compared}
     with ThreadPoolExecutor(max_workers=len(compared)) as pool:
         futures = {
-            arm.name: pool.submit(
-                launch_or_reuse, arm, engine_spec(arm, args, cases, timed_prompt), args
-            )
-            for arm in compared
+            arm.name: pool.submit(launch_or_reuse, arm, specs[arm.name], args) for arm in compared
         }
         records = {name: f.result() for name, f in futures.items()}
     for name, record in records.items():
@@ -462,11 +478,18 @@ def main() -> int:
     # The timed engines use the drafter that passed with the highest acceptance.
     timed_gain = proving_gain(gain_rows([pair_verdict(p, records) for p in pairs(compared)]))
     for arm in timed_arms(ks, timed_gain):  # one at a time, alone on the GPU
-        records[arm.name] = launch_or_reuse(arm, engine_spec(arm, args, cases, timed_prompt), args)
+        specs[arm.name] = engine_spec(arm, args, cases, timed_prompt)
+        records[arm.name] = launch_or_reuse(arm, specs[arm.name], args)
     result = {
-        "schema_version": 3,
+        "schema_version": 4,
         "run_id": args.run_id,
         "host": in_vllm_ab.host_facts(args.kit),
+        # Every engine's settings: its K's plan, but for its overrides (engines).
+        "plans": {
+            f"k{k}": in_vllm_ab.plan_record(plan)
+            for k, plan in {0: args.plan, **args.mtp_plans}.items()
+        },
+        "engines": {name: in_vllm_ab.engine_record(records[name], specs[name]) for name in records},
         "speculative_tokens": ks,
         "new_tokens": NEW_TOKENS,
         "drafters": {f"{g:g}": str(d) for g, d in args.drafter_models.items()},

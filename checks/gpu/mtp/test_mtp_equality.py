@@ -52,9 +52,23 @@ def engines(off_ids, on_ids, counts, cases=("100x1", "3000x4"), host_bytes=4096)
 COUNTS = {"drafts": 40, "draft_tokens": 80, "accepted_tokens": 36}
 
 
+def fake_plan(k: int = 0) -> dict:
+    """A plan's shape (`flashnext plan --json`, MTP at K or off); test_mtp_settings.py
+    holds the engines to a real one."""
+    argv = ["vllm", "serve", "/m", "--engram-config", '{"mmap_path":"/t/ple-packed.bin"}']
+    if k:
+        spec = mtp_equality.json.dumps({"method": "mtp", "num_speculative_tokens": k})
+        segments = ["mtp.embed_tokens", "mtp.layers.8.mlp.experts"]
+        argv += ["--speculative-config", spec, "--cpu-offload-gb", "0.01",
+                 "--cpu-offload-params", *segments]  # fmt: skip
+    env = {"VLLM_QSA_KV_OFFLOAD": "1", "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS": "1024", "A": "b"}
+    return {"profile": "h200-tiny", "argv": argv, "env": env}
+
+
 def spec_args(model):
-    return SimpleNamespace(model=model, tables=mtp_equality.Path("/t"),
-                           gpu_memory_utilization=0.05, speculative_tokens=KS)  # fmt: skip
+    return SimpleNamespace(model=model, tables=mtp_equality.Path("/t"), plan=fake_plan(),
+                           mtp_plans={k: fake_plan(k) for k in KS},
+                           gpu_memory_utilization=None, speculative_tokens=KS)  # fmt: skip
 
 
 def tiny_model_dir(tmp_path, layers=8, mtp_layers=1):
@@ -63,7 +77,7 @@ def tiny_model_dir(tmp_path, layers=8, mtp_layers=1):
     return tmp_path
 
 
-def test_each_mtp_engine_drafts_k_tokens_and_only_the_serving_one_offloads(tmp_path):
+def test_each_mtp_engine_runs_its_ks_plan_and_only_the_serving_one_offloads(tmp_path):
     args = spec_args(tiny_model_dir(tmp_path))
     arms = mtp_equality.compared_arms(KS) + mtp_equality.timed_arms(KS)
     specs = {a.name: mtp_equality.engine_spec(a, args, {"100x1": [[1, 2]]}, [5] * 10) for a in arms}
@@ -73,23 +87,46 @@ def test_each_mtp_engine_drafts_k_tokens_and_only_the_serving_one_offloads(tmp_p
     }  # fmt: skip
     for name, spec in specs.items():
         k = int(name.rsplit("-k", 1)[1]) if "-on-" in name else 0
-        assert spec.get("speculative_config") == (
-            {"method": "mtp", "num_speculative_tokens": k} if k else None
-        ), name
-        assert spec["graphs"] == "full_decode_only" and spec["table"].endswith("ple-packed.bin")
+        assert mtp_equality.plan_tokens(spec["plan"]) == k, name
         assert spec["max_new_tokens"] == mtp_equality.NEW_TOKENS and spec["ignore_eos"] is True
         assert spec["prompt_logprobs"] is False
         offloaded = spec["env"].get("VLLM_QSA_KV_OFFLOAD") == "1"
         assert offloaded == ("offload" in name), name
+        assert spec["env_dropped"] == (
+            [] if offloaded else ["VLLM_QSA_KV_OFFLOAD", "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS"]
+        )
+        assert spec["env"]["A"] == "b" and spec["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        # The plan's graphs and packed table: no override of either.
+        assert set(spec["overrides"]) <= {"model", "disable_log_stats", "cpu_offload_gb",
+                                          "cpu_offload_params"}, name  # fmt: skip
+        assert ("disable_log_stats" in spec["overrides"]) == bool(k), name
         # The drafter's weights go to host memory only where there is a drafter and
-        # the K/V are offloaded: the 3x3090 serving setup.
-        assert ("cpu_offload" in spec) == (name == "mtp-on-offload-k2"), name
-    # The kit's own segments: the drafter's layer is named after the target's 8.
-    assert specs["mtp-on-offload-k2"]["cpu_offload"]["params"] == [
-        "mtp.embed_tokens", "mtp.layers.8.mlp.experts",
-    ]  # fmt: skip
+        # the K/V are offloaded: the serving setup, the MTP plan as it is.
+        kept = "cpu_offload_gb" not in spec["overrides"]
+        assert kept == (not k or name == "mtp-on-offload-k2"), name
     assert specs["timing-mtp-on-k1"]["cases"] == {} and specs["timing-mtp-on-k1"]["timed_batches"]
     assert specs["mtp-on-k1"]["timed_batches"] == []
+
+
+def test_a_k_without_its_plan_is_refused(tmp_path, monkeypatch):
+    plans = {}
+    for k in (0, 1):
+        plans[k] = tmp_path / f"plan{k}.json"
+        plans[k].write_text(mtp_equality.json.dumps(fake_plan(k)))
+    assert mtp_equality.mtp_plans([plans[1]]).keys() == {1}
+    argv = ["mtp_equality.py", "--model", str(tmp_path), "--tables", "/t", "--out", "/o",
+            "--raw", "/r", "--run-id", "t", "--plan", str(plans[0]),
+            "--mtp-plan", str(plans[1]), "--speculative-tokens", "1", "2"]  # fmt: skip
+    monkeypatch.setattr(mtp_equality.sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        mtp_equality.main()
+    assert exit_.value.code == 2
+
+
+def test_run_in_vllm_writes_a_plan_for_each_default_k():
+    script = (Path(__file__).resolve().parents[1] / "ab" / "run-in-vllm").read_text()
+    default = " ".join(str(k) for k in mtp_equality.SPECULATIVE_TOKENS)
+    assert f"ks=({default})  # mtp_equality.SPECULATIVE_TOKENS" in script
 
 
 def test_every_pair_compares_an_on_engine_with_the_off_engine_of_its_kv_placement():
@@ -218,7 +255,8 @@ def test_each_drafter_gain_gets_its_own_engines_and_checkpoint(tmp_path):
         "mtp-off", "mtp-off-offload", "mtp-on-k1-g2", "mtp-on-k2-g2",
         "mtp-on-k1-g8", "mtp-on-k2-g8", "mtp-on-offload-k2-g8",
     ]  # fmt: skip
-    models = {a.name: mtp_equality.engine_spec(a, args, {}, [5])["model"] for a in arms}
+    specs = {a.name: mtp_equality.engine_spec(a, args, {}, [5]) for a in arms}
+    models = {name: spec["overrides"]["model"] for name, spec in specs.items()}
     assert models["mtp-off"] == str(args.model) and models["mtp-on-k1-g2"] == str(copies[2.0])
     assert models["mtp-on-offload-k2-g8"] == str(copies[8.0])
     timed = mtp_equality.timed_arms(KS, 8.0)

@@ -30,7 +30,7 @@ COMMON = HERE.parent / "common"
 sys.path.insert(0, str(COMMON))
 
 from engine_probes import spec_decode_counts  # noqa: E402
-from plan_settings import engine_settings  # noqa: E402
+from plan_settings import engine_settings, plan_table  # noqa: E402
 
 # Prompts longer than this are captured thinned (capture.start).
 LONG_PROMPT = 4096
@@ -66,34 +66,10 @@ def overrides(spec: dict[str, Any]) -> dict[str, Any]:
     return wanted
 
 
-def plan_table(plan: dict[str, Any]) -> str | None:
-    """The PLE table file the plan's `--engram-config` names."""
-    argv = list(plan["argv"])
-    if "--engram-config" not in argv:
-        return None
-    return json.loads(argv[argv.index("--engram-config") + 1]).get("mmap_path")
-
-
-def without_flag(argv: list[str], flag: str) -> list[str]:
-    """argv less `flag VALUE`."""
-    if flag not in argv:
-        return argv
-    at = argv.index(flag)
-    return argv[:at] + argv[at + 2 :]
-
-
 def engine_kwargs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """LLM(...) arguments: the plan's, with this engine's overrides; and those overrides."""
-    plan, wanted = spec["plan"], overrides(spec)
-    dropped: dict[str, Any] = {}
-    if "engram_config" in wanted and wanted["engram_config"] is None:
-        # Dropped before parsing: stock's parser has no --engram-config (patch 0010).
-        del wanted["engram_config"]
-        if plan_table(plan) is not None:
-            plan = {**plan, "argv": without_flag(list(plan["argv"]), "--engram-config")}
-            dropped["engram_config"] = None
-    kwargs, _, applied = engine_settings(plan, wanted)
-    return kwargs, applied | dropped
+    kwargs, _, applied = engine_settings(spec["plan"], overrides(spec))
+    return kwargs, applied
 
 
 def prompts_for(length: int, batch: int, vocab: int, seed: int) -> list[list[int]]:

@@ -17,13 +17,16 @@ Here, after the calls, to merge the per-rank files and print the table:
    builds that the rank does not hold (LM head, final HC mixer and norm on
    rank 0; the embedding on rank 2; all of them on rank 1), less the PP
    receive buffers the plan counts for the rank, which PP=1 does not allocate;
-3. rank_fit_worker.py starts vLLM with the plan's argv and env and runs the
+3. rank_fit_worker.py starts vLLM with the plan's argv and env, but for the
+   overrides by name (the rank's from rank_slice.py, the H200's of the
+   worker; HOST_ENV's variables), and runs the
    prefills: 48,000 tokens, 4 x 60,000 at once, then 262,142 + 2 new tokens
    (the context ends at max_model_len, 262,144);
 4. writes OUT/rank_fit-ID-rankR.json: `rank`, `planned_bytes` (the plan's
    committed bytes for the rank), `peak_bytes` (the engine's peak as NVML
    counts it, moved back to the rank: less the slice's extra modules, plus
    its PP buffers), `ok` (the engine started and every prefill finished),
+   `overrides` and `env_overrides` (what the run differs in from the plan),
    and the details.
 """
 
@@ -57,6 +60,17 @@ HOST_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine's allocator in the worker
     "VLLM_DISABLED_KERNELS": DISABLED_KERNELS,
 }
+
+
+def spec_argv(rank: dict[str, Any], inputs: Path, extra: list[str]) -> list[str]:
+    """The rank's argv with the slice where it lies on this host, and a diagnosis's
+    flags (e.g. --no-enable-flashinfer-autotune, recorded as diagnosis_args)."""
+    return [a.replace("@SLICE@", str(inputs)) for a in rank["argv"]] + list(extra)
+
+
+def env_overrides(plan_env: dict[str, str]) -> dict[str, str]:
+    """HOST_ENV's variables that the plan's environment lacks or sets otherwise."""
+    return {k: v for k, v in HOST_ENV.items() if plan_env.get(k) != v}
 
 
 def cases(max_model_len: int) -> list[dict[str, Any]]:
@@ -186,13 +200,13 @@ def run(args) -> int:
     doc = json.loads((args.inputs / "rank_fit.json").read_text())
     rank = doc["ranks"][args.rank]
     b = budget(doc, rank, args.headroom)
-    argv = [a.replace("@SLICE@", str(args.inputs)) for a in rank["argv"]]
-    argv += args.extra_arg  # a diagnosis's flags (e.g. --no-enable-flashinfer-autotune), recorded
+    argv = spec_argv(rank, args.inputs, args.extra_arg)
     table = write_sparse_table(doc["table"]) if rank["ple_layer_ids"] else None
     max_model_len = int(argv[argv.index("--max-model-len") + 1])
     spec = {
         "rank": rank["rank"],
         "argv": argv,
+        "overrides": rank["overrides"],
         "budget_bytes": b["gate_budget"],
         "new_tokens": NEW_TOKENS,
         "cases": cases(max_model_len),
@@ -228,6 +242,8 @@ def run(args) -> int:
     worker["kernels"] = kernel_choices(log_lines)
     record = judge(doc, rank, worker, b)
     record.update({"run_id": args.run_id, "ballast": held, "table": table, "host": host_facts()})
+    record["overrides"] = worker.get("overrides", rank["overrides"])
+    record["env_overrides"] = env_overrides(doc["plan_env"])
     record["diagnosis_env"] = record_env
     record["diagnosis_args"] = args.extra_arg
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,15 @@
 
 Run by checks/gpu/rank_fit/rank_fit.py (one process per rank, the patched vLLM tree
 on PYTHONPATH, a ballast already holding the rest of the GPU). SPEC holds the
-argv from rank_slice.py (`vllm serve`'s own arguments), the planned budget
-and the prompt cases. The argv goes through vLLM's own `serve` parser and
+argv from rank_slice.py (`vllm serve`'s own arguments: the plan's with the
+rank's overrides) and those overrides, the planned budget and the prompt
+cases. The argv goes through vLLM's own `serve` parser and
 EngineArgs, as `vllm serve` does; the engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the allocator's peak is the engine's.
 
-Two changes to the argv and one to kernel choice, because the GPU is an
-H200 and not a 3090:
+Two more overrides of the argv, by name (`h200_overrides`; OUT records every
+override as `overrides`), and one change to kernel choice, because the GPU
+is an H200 and not a 3090:
 - `--gpu-memory-utilization` is a share of the card's total, and vLLM
   refuses to start unless that share is free once its CUDA context exists.
   The same bytes as planned (0.97 x 24 GiB, plus the slice's extra modules)
@@ -45,6 +47,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+
+from plan_settings import argv_with_overrides  # noqa: E402
 
 SAMPLE_S = 0.01  # NVML poll period: a prefill step takes tens of ms
 RISE_BYTES = 256 << 20  # a new peak this much above the last is logged with its time
@@ -138,8 +144,8 @@ def engine_args(argv: list[str]):
     return EngineArgs.from_cli_args(args)
 
 
-def restate_utilization(argv: list[str], budget_bytes: int) -> tuple[list[str], dict[str, Any]]:
-    """Replace --gpu-memory-utilization by budget_bytes as a share of this GPU."""
+def restate_utilization(budget_bytes: int) -> dict[str, Any]:
+    """budget_bytes as a share of this GPU (`utilization`), for --gpu-memory-utilization."""
     import torch
 
     torch.zeros(1, device="cuda")  # our context exists before we read free memory
@@ -149,16 +155,29 @@ def restate_utilization(argv: list[str], budget_bytes: int) -> tuple[list[str], 
     usable_at_gate = free - (512 << 20)
     requested = min(budget_bytes, usable_at_gate)
     share = requested / total
-    i = argv.index("--gpu-memory-utilization")
-    out = argv[: i + 1] + [f"{share:.6f}"] + argv[i + 2 :]
-    return out, {
+    return {
         "gpu_total": total,
         "free_after_context": free,
         "budget_bytes": budget_bytes,
         "requested_bytes": requested,
-        "utilization": share,
+        "utilization": float(f"{share:.6f}"),
         "gate_restated_by": budget_bytes - requested,
     }
+
+
+def h200_overrides(utilization: float) -> dict[str, Any]:
+    """What the H200 needs beyond the rank's overrides, by EngineArgs name."""
+    return {
+        "gpu_memory_utilization": utilization,  # the planned bytes as this GPU's share
+        "additional_config": {"gdn_prefill_backend": "triton"},  # the GDN prefill a 3090 runs
+    }
+
+
+def engine_argv(spec: dict[str, Any], utilization: float) -> tuple[list[str], dict[str, Any]]:
+    """The argv this worker starts (the spec's with the H200's overrides), and
+    every override of the plan it carries (the rank's and the H200's)."""
+    mine = h200_overrides(utilization)
+    return argv_with_overrides(spec["argv"], mine), spec.get("overrides", {}) | mine
 
 
 def select_3090_kernels() -> None:
@@ -271,8 +290,8 @@ def run(spec: dict[str, Any], out_path: Path) -> int:
     def save() -> None:
         out_path.write_text(json.dumps(result, indent=2) + "\n")
 
-    argv, gate = restate_utilization(spec["argv"], spec["budget_bytes"])
-    argv += ["--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]
+    gate = restate_utilization(spec["budget_bytes"])
+    argv, result["overrides"] = engine_argv(spec, gate["utilization"])
     result["argv"] = argv
     result["gate"] = gate
     save()

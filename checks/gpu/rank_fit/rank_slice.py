@@ -13,11 +13,12 @@ PYTHONPATH). It writes the full-scale checkpoint skeleton (`flashnext skeleton
   `ignore` derived from the slice's modules by fix's own code; the groups'
   schemes the skeleton's), and generation_config.json; no tokenizer (prompts are token ids, and the
   tokenizer holds no GPU memory);
-- OUT_DIR/rank_fit.json: for each rank the argv and env the worker starts
-  (the plan's, adapted for one rank on one GPU: see `rank_argv`), the plan's
-  per-rank figures, the bytes of the modules a PP=1 slice builds that the
-  rank does not hold (`slice_extra_bytes`), and the PLE table (size and the
-  manifest `flashnext table prepare` writes beside it).
+- OUT_DIR/rank_fit.json: the plan's argv and env; for each rank the argv the
+  worker starts (the plan's with the rank's `overrides` by name, for one rank
+  on one GPU: see `rank_overrides`), the plan's per-rank figures, the bytes
+  of the modules a PP=1 slice builds that the rank does not hold
+  (`slice_extra_bytes`), and the PLE table (size and the manifest
+  `flashnext table prepare` writes beside it).
 
 No weights: the GPU side loads the slice with `--load-format dummy`, so vLLM
 builds the real quantized modules at full width and fills them with random
@@ -37,12 +38,14 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "common"))
 
 from flashnext.facts.model_derived import TEXT_PREFIX  # noqa: E402
 from flashnext.skeleton import repaired_quantization_config  # noqa: E402
 from flashnext.skeleton.configs import quantization_config  # noqa: E402
 from flashnext.skeleton.inventory import build_inventory  # noqa: E402
 from flashnext.table.layout import read_layout  # noqa: E402
+from plan_settings import argv_with_overrides  # noqa: E402
 
 FACTS = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 # Where rank_fit.py puts the sparse table on the GPU host (the plan's argv
@@ -133,34 +136,28 @@ def slice_extra(rank: int, ranks: int, ends: dict[str, int]) -> dict[str, int]:
     return extra
 
 
-def _drop_option(argv: list[str], flag: str) -> list[str]:
-    i = argv.index(flag)
-    return argv[:i] + argv[i + 2 :]
+def rank_overrides(model: str, has_ple: bool) -> dict[str, Any]:
+    """What one rank run alone on one GPU differs in from the plan, by EngineArgs
+    name (the worker adds what the H200 needs: rank_fit_worker.h200_overrides)."""
+    overrides: dict[str, Any] = {
+        "model": model,  # the slice (the worker parses the argv with vLLM's serve parser)
+        "pipeline_parallel_size": 1,  # one rank alone: PP 3 -> 1
+        "load_format": "dummy",  # no weights: vLLM fills the real modules at random
+        "skip_tokenizer_init": True,  # token-id prompts; the tokenizer holds no GPU memory
+    }
+    if not has_ple:
+        # vLLM refuses it for a model without n-gram layers; under PP=3 those
+        # ranks build no PLE module either.
+        overrides["engram_config"] = None
+    return overrides
 
 
-def _set_option(argv: list[str], flag: str, value: str) -> list[str]:
-    i = argv.index(flag)
-    return argv[: i + 1] + [value] + argv[i + 2 :]
-
-
-def rank_argv(plan_argv: list[str], model: str, has_ple: bool) -> list[str]:
-    """The plan's `vllm serve` argv for one rank run alone on one GPU.
-
-    Changed, and only these: the model is the slice (the worker parses the
-    argv with vLLM's own serve parser, in-process); PP 3 -> 1; the
-    weights are dummy; no tokenizer (token-id prompts; it holds no GPU
-    memory); a slice without the PLE layer drops --engram-config
-    (vLLM refuses it for a model without n-gram layers: under PP=3 those
-    ranks build no PLE module either). --gpu-memory-utilization is restated
-    by the worker against the GPU it finds (see rank_fit_worker.py)."""
+def rank_argv(plan_argv: list[str], overrides: dict[str, Any]) -> list[str]:
+    """The plan's `vllm serve` argv for one rank run alone on one GPU: `vllm serve`'s
+    own arguments, the model first, with the rank's overrides and nothing else."""
     if Path(plan_argv[0]).name != "vllm" or plan_argv[1] != "serve":
         raise SystemExit(f"rank_slice: the plan's argv is not `vllm serve`: {plan_argv[:3]}")
-    argv = [model, *plan_argv[3:]]
-    argv = _set_option(argv, "--pipeline-parallel-size", "1")
-    argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
-    if not has_ple and "--engram-config" in argv:
-        argv = _drop_option(argv, "--engram-config")
-    return argv
+    return argv_with_overrides(list(plan_argv[2:]), overrides)
 
 
 def build(out: Path, facts: Path = FACTS) -> dict[str, Any]:
@@ -188,6 +185,7 @@ def build(out: Path, facts: Path = FACTS) -> dict[str, Any]:
         (rank_dir / "generation_config.json").write_text(generation)
         has_ple = bool(cfg["text_config"]["ple_layer_ids"])
         planned = plan["ranks"][r]
+        overrides = rank_overrides(f"@SLICE@/rank{r}", has_ple)
         ranks.append(
             {
                 "rank": r,
@@ -199,7 +197,8 @@ def build(out: Path, facts: Path = FACTS) -> dict[str, Any]:
                     if kind == "full_attention"
                 ],
                 "ple_layer_ids": cfg["text_config"]["ple_layer_ids"],
-                "argv": rank_argv(plan["argv"], f"@SLICE@/rank{r}", has_ple),
+                "argv": rank_argv(plan["argv"], overrides),
+                "overrides": overrides,
                 "planned": planned,
                 "slice_extra_bytes": slice_extra(r, n_ranks, ends),
                 "qsa_host_bytes_planned": planned_host_bytes(plan, r),
@@ -213,6 +212,7 @@ def build(out: Path, facts: Path = FACTS) -> dict[str, Any]:
         "card_total_bytes": CARD_TOTAL_BYTES,
         "card_free_bytes": card_free_bytes(facts),
         "plan_hash": plan["plan_hash"],
+        "plan_argv": plan["argv"],
         "plan_env": plan["env"],
         "kv_cache_memory_bytes": plan["kv_cache_memory_bytes"]["value"],
         "table": {

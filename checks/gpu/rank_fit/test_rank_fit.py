@@ -13,16 +13,22 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import rank_fit
+import rank_fit_worker
 import rank_slice
 from flashnext.checkpoint.targets import ple_ignore_pattern
 from flashnext.facts.model_derived import TEXT_PREFIX
 from flashnext.skeleton.inventory import build_inventory
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "common"))
+
+from tiny_plan import with_flag  # noqa: E402
+
 LAYER = re.compile(r"(\.layers\.)(\d+)\.")
 
 
@@ -99,10 +105,15 @@ def _full_config() -> dict:
     return full_config()
 
 
-def test_argv_is_the_plans_with_only_the_listed_changes(inputs):
+def test_argv_is_the_plans_with_only_the_named_overrides(inputs):
     _, doc = inputs
     plan_argv = None
     for r in doc["ranks"]:
+        assert r["argv"] == rank_slice.rank_argv(doc["plan_argv"], r["overrides"])
+        assert r["overrides"] == {
+            "model": f"@SLICE@/rank{r['rank']}", "pipeline_parallel_size": 1,
+            "load_format": "dummy", "skip_tokenizer_init": True,
+        } | ({} if r["rank"] == 0 else {"engram_config": None})  # fmt: skip
         argv = r["argv"]
         assert argv[0] == f"@SLICE@/rank{r['rank']}"
         assert argv[argv.index("--pipeline-parallel-size") + 1] == "1"
@@ -116,6 +127,35 @@ def test_argv_is_the_plans_with_only_the_listed_changes(inputs):
     rest = [a for a in plan_argv[1:] if a not in ("--engram-config",) and "mmap_path" not in a]
     for r in doc["ranks"][1:]:
         assert r["argv"][1:] == rest
+
+
+def test_a_changed_profile_setting_reaches_the_workers_argv(inputs):
+    """A setting the profile changes in the plan reaches the argv every rank's worker
+    starts, and nothing else of that argv moves."""
+    _, doc = inputs
+    plan = {"argv": doc["plan_argv"], "env": doc["plan_env"]}
+    changed = with_flag(with_flag(plan, "--max-num-seqs", "7"), "--max-num-batched-tokens", "1024")
+    for r in doc["ranks"]:
+        runs = {}
+        for name, p in (("plan", plan), ("changed", changed)):
+            rank = r | {"argv": rank_slice.rank_argv(p["argv"], r["overrides"])}
+            spec = {"argv": rank_fit.spec_argv(rank, Path("/in"), []), "overrides": r["overrides"]}
+            runs[name], overrides = rank_fit_worker.engine_argv(spec, 0.17)
+        argv = runs["changed"]
+        assert argv[argv.index("--max-num-seqs") + 1] == "7"
+        assert argv[argv.index("--max-num-batched-tokens") + 1] == "1024"
+        moved = [i for i, (a, b) in enumerate(zip(runs["plan"], argv, strict=True)) if a != b]
+        assert [argv[i - 1] for i in moved] == ["--max-num-seqs", "--max-num-batched-tokens"]
+        assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.17"
+        assert overrides == r["overrides"] | rank_fit_worker.h200_overrides(0.17)
+
+
+def test_the_hosts_variables_are_recorded_where_they_differ_from_the_plans(inputs):
+    _, doc = inputs
+    recorded = rank_fit.env_overrides(doc["plan_env"])
+    assert recorded["VLLM_DISABLED_KERNELS"] == rank_fit.DISABLED_KERNELS  # 3090 kernels
+    assert recorded["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine in the worker
+    assert all(doc["plan_env"].get(k) != v for k, v in recorded.items())
 
 
 def test_sparse_table_is_the_real_size_with_prepares_manifest(inputs, tmp_path):
