@@ -24,6 +24,8 @@ REPO = GPU.parents[1]
 sys.path.insert(0, str(GPU / "pp3"))
 sys.path.insert(0, str(GPU / "common"))
 
+import plan_settings  # noqa: E402
+
 PROFILE = "h200-tiny-pp3"
 
 
@@ -215,7 +217,7 @@ def test_engines_leave_the_plans_offload_env_only_in_vram_modes(plan):
     offload = orchestrate.spec_for(engines["pp1-graphs-offload-mtp"], args)
     vram = orchestrate.spec_for(engines["pp1-eager-vram"], args)
     assert offload["env"] == plan_doc["env"] and offload["env_dropped"] == []
-    assert vram["env_dropped"] == list(orchestrate.OFFLOAD_KEYS)
+    assert vram["env_dropped"] == list(plan_settings.QSA_OFFLOAD_ENV)
     assert vram["env"] == {
-        k: v for k, v in plan_doc["env"].items() if k not in orchestrate.OFFLOAD_KEYS
+        k: v for k, v in plan_doc["env"].items() if k not in plan_settings.QSA_OFFLOAD_ENV
     }

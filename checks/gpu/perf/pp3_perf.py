@@ -22,7 +22,7 @@ pp3 shim, the 3090's kernels, a memory sampler), with the plan's argv
 except the overrides `engine_argv` names, and a ballast (rank_fit's) that
 leaves free three 3090s' free memory. Writes OUT/pp3_perf_raw-RUN-ENGINE.json.
 
-`contract`: pp3_perf-RUN.json from the raw files (contract.py).
+`contract`: pp3_perf-RUN.json from the raw files (perf_contract.py).
 """
 
 from __future__ import annotations
@@ -45,19 +45,14 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "pp3"))
 sys.path.insert(0, str(HERE.parent / "rank_fit"))
+sys.path.insert(0, str(HERE.parent / "common"))
 
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
+from plan_settings import plan_env  # noqa: E402
 from rank_fit import HOST_ENV, TOKEN_RANGE, start_ballast, stop_ballast  # noqa: E402
 
 FACTS_3090 = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 SHIM_DIR = HERE / "onegpu_perf"
-# The plan's QSA offload variables (pp3/orchestrate.py OFFLOAD_KEYS, repeated
-# here so this file imports no vLLM-adjacent harness): VRAM mode drops them.
-OFFLOAD_KEYS = (
-    "VLLM_QSA_KV_OFFLOAD",
-    "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS",
-    "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES",
-)
 # The profile's MTP advice (profiles/3x3090.toml [mtp]): --max-model-len 131072.
 MTP_MAX_MODEL_LEN = 131_072
 # Decode cases: a prompt past the indexer's budget (config indexer_budget
@@ -227,7 +222,7 @@ def engine_argv(plan: dict[str, Any], engine: Engine) -> tuple[list[str], dict[s
 
 def engine_env(plan: dict[str, Any], engine: Engine) -> tuple[dict[str, str], dict[str, Any]]:
     """The plan's environment plus the harness's, and what differs from the plan."""
-    dropped = [k for k in OFFLOAD_KEYS if k in plan["env"]] if engine.mode == "vram" else []
+    env, dropped = plan_env(plan, offload=engine.mode != "vram")
     added = {
         **ONE_GPU_ENV,  # the pp3 shim: three ranks on GPU 0
         **HOST_ENV,  # rank_fit's: no network, sm90-only kernels off, engine in-process
@@ -235,8 +230,7 @@ def engine_env(plan: dict[str, Any], engine: Engine) -> tuple[dict[str, str], di
         "FLASHNEXT_PERF_MEMORY": "1",
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(step_probe.*)
     }
-    env = {k: v for k, v in plan["env"].items() if k not in dropped} | added
-    return env, {"env_added": added, "env_dropped": dropped}
+    return env | added, {"env_added": added, "env_dropped": dropped}
 
 
 def cases_for(engine: Engine, max_model_len: int) -> list[dict[str, Any]]:
@@ -383,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "run":
         return run(args)
-    import contract
+    import perf_contract
 
-    return contract.main(args)
+    return perf_contract.main(args)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "common"))
 
-import contract  # noqa: E402
+import perf_contract  # noqa: E402
+import plan_settings  # noqa: E402
 import pp3_perf  # noqa: E402
 import projection  # noqa: E402
 
@@ -88,7 +90,8 @@ def test_env_is_the_plans_plus_the_shim_less_offload_only_in_vram(inputs, name):
     assert {k: env[k] for k in kept} == kept
     assert set(env) - set(kept) == set(changes["env_added"])
     assert env["FLASHNEXT_PP_ONE_GPU"] == "1" and env["FLASHNEXT_PERF_3090_KERNELS"] == "1"
-    assert changes["env_dropped"] == ([] if name == "offload" else list(pp3_perf.OFFLOAD_KEYS))
+    offload_env = list(plan_settings.QSA_OFFLOAD_ENV)
+    assert changes["env_dropped"] == ([] if name == "offload" else offload_env)
 
 
 def test_rank_bytes_add_up_to_the_plans_weights(inputs):
@@ -208,13 +211,13 @@ def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
 def test_contract_has_exactly_the_issues_fields(inputs):
     bandwidth = json.loads(BANDWIDTH.read_text())
     raws = {"offload": _fake_raw(inputs, "offload")}
-    doc = contract.build("test", inputs, raws, bandwidth)
+    doc = perf_contract.build("test", inputs, raws, bandwidth)
     assert doc["model"] == "full-size, dummy weights" and doc["emulated"] is True
     assert "torch 2.11" in doc["note"] and "dummy weights" in doc["note"]
-    assert all(tuple(run) == contract.RUN_KEYS for run in doc["runs"])
-    assert all(tuple(row) == contract.RANK_KEYS for row in doc["ranks"])
-    assert tuple(doc["projection_3090"]) == contract.PROJECTION_KEYS
-    assert tuple(doc["cut"]) == contract.CUT_KEYS
+    assert all(tuple(run) == perf_contract.RUN_KEYS for run in doc["runs"])
+    assert all(tuple(row) == perf_contract.RANK_KEYS for row in doc["ranks"])
+    assert tuple(doc["projection_3090"]) == perf_contract.PROJECTION_KEYS
+    assert tuple(doc["cut"]) == perf_contract.CUT_KEYS
     assert [(r["rank"], r["batch"]) for r in doc["ranks"]] == [(r, b) for b in (1, 4)
                                                                for r in range(3)]  # fmt: skip
     row = doc["ranks"][0]
@@ -236,12 +239,12 @@ def test_contract_has_exactly_the_issues_fields(inputs):
 def test_contract_leaves_null_what_was_not_measured(inputs):
     bandwidth = json.loads(BANDWIDTH.read_text())
     raws = {"offload": _fake_raw(inputs, "offload", profile=False, pid_visible=False)}
-    doc = contract.build("test", inputs, raws, bandwidth)
+    doc = perf_contract.build("test", inputs, raws, bandwidth)
     for i, row in enumerate(doc["ranks"]):
         for key in ("gpu_busy_ms", "roofline_fraction", "start_peak_bytes", "serving_peak_bytes"):
             assert row[key] is None and f"ranks[{i}].{key}" in doc["missing"]
         assert row["hbm_bytes_per_step"] is not None  # computed, not measured
     assert doc["projection_3090"]["c1_tok_s"] is None and doc["projection_3090"]["basis"] is None
-    empty = contract.build("test", inputs, {}, bandwidth)
+    empty = perf_contract.build("test", inputs, {}, bandwidth)
     assert empty["runs"] == [] and "runs" in empty["missing"]
     assert all(row["step_ms"] is None for row in empty["ranks"])

@@ -47,13 +47,8 @@ from compare import (  # noqa: E402
     spread_bounds,
 )
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
+from plan_settings import plan_env  # noqa: E402
 
-# The plan's QSA offload variables: a mode that keeps K/V in VRAM drops them.
-OFFLOAD_KEYS = (
-    "VLLM_QSA_KV_OFFLOAD",
-    "VLLM_QSA_KV_OFFLOAD_CHUNK_TOKENS",
-    "VLLM_QSA_KV_OFFLOAD_MAX_HOST_BYTES",
-)
 ERROR_LINE = re.compile(
     r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
     r"|pp3 sync probe|pp3 trace|pp3 streams|Error:"
@@ -216,8 +211,8 @@ EXPECTED_CATCH = {"boundary_shift": "layer.4.", "drop_one_token": "layer.3.qsa"}
 
 def engine_env(engine: Engine, plan: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """The plan's environment for this engine, and the plan's variables it drops."""
-    dropped = [] if engine.offload else [k for k in OFFLOAD_KEYS if k in plan["env"]]
-    env = {k: v for k, v in plan["env"].items() if k not in dropped} | engine.env
+    env, dropped = plan_env(plan, offload=engine.offload)
+    env |= engine.env
     if engine.pp > 1:
         env |= ONE_GPU_ENV  # the emulation's shim: three ranks on GPU 0
     return env, dropped
