@@ -7,6 +7,7 @@ the test and labelled so: they are not results."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,58 @@ def test_dry_run_prints_the_engines_without_vllm(work, inputs):
 def test_mtp_engine_needs_its_plan(inputs):
     with pytest.raises(SystemExit, match="prepare --mtp 1"):
         pp3_perf.spec_for(pp3_perf.engines_named(["mtp1"])[0], inputs)
+
+
+# vLLM 0.33.0's own `vllm serve` parser and config builder on each engine's argv, as
+# perf_engine.py builds the engine (rank_fit_worker.engine_args): an argv vLLM would
+# refuse is found here, not in device time.
+VLLM_SIDE = """
+import json, sys
+gpu, inputs_path = sys.argv[1], sys.argv[2]
+for folder in ("perf", "pp3", "rank_fit", "common"):
+    sys.path.insert(0, f"{gpu}/{folder}")
+import pp3_perf
+from rank_fit_worker import engine_args
+inputs = json.load(open(inputs_path))
+out = {}
+for name in ("offload", "offload-262k", "vram"):
+    argv, _ = pp3_perf.engine_argv(inputs["plans"]["0"], pp3_perf.engines_named([name])[0])
+    args = engine_args(argv)
+    cfg = args.create_engine_config()
+    out[name] = {
+        "pp": cfg.parallel_config.pipeline_parallel_size,
+        "load_format": str(cfg.load_config.load_format),
+        "skip_tokenizer_init": cfg.model_config.skip_tokenizer_init,
+        "kv_bytes": cfg.cache_config.kv_cache_memory_bytes,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "mmap": cfg.engram_config.mmap_path if cfg.engram_config else None,
+    }
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_vllm_builds_every_engines_config_from_its_argv(work, inputs):
+    python = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not python:
+        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([python, "-c", VLLM_SIDE, str(HERE.parent), str(work / "inputs.json")],
+                          capture_output=True, text=True, env=env, timeout=600,
+                          check=False)  # fmt: skip
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    plan = _options(inputs["plans"]["0"]["argv"][2:])
+    for name, got in json.loads(lines[-1].removeprefix("RESULT ")).items():
+        assert got == {
+            "pp": 3,
+            "load_format": "dummy",
+            "skip_tokenizer_init": True,
+            "kv_bytes": int(plan["--kv-cache-memory-bytes"]),
+            "max_num_seqs": int(plan["--max-num-seqs"]),
+            "max_num_batched_tokens": int(plan["--max-num-batched-tokens"]),
+            "mmap": inputs["table"]["path"],
+        }, name
 
 
 # --- projection: made-up inputs (a test fixture, not a result) ---------------
