@@ -44,6 +44,7 @@ the crash go away bounds where the unsynchronized read is.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 _STATE: dict[str, Any] = {
@@ -104,7 +105,10 @@ def _fingerprint(rows):
     """One int64 per row from its bytes, exact: equal rows, equal prints."""
     import torch
 
-    data = rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1).long()
+    # The width from the shape, not -1: a step whose rows are all kept (a
+    # decode step) leaves zero rows here, and reshape cannot infer -1 from 0.
+    width = math.prod(rows.shape[1:]) * rows.element_size()
+    data = rows.contiguous().view(torch.uint8).reshape(rows.shape[0], width).long()
     weights = (torch.arange(data.shape[1], device=data.device) * 2654435761 + 1) % 2147483647
     return (data * weights).sum(dim=1, keepdim=True)
 
@@ -129,6 +133,18 @@ def step_pre(module, args, kwargs):
     _store_step()
 
 
+def _tuner_cache(obj) -> dict | None:
+    """A Triton autotuner's chosen configs, or None for anything else. vLLM's
+    placeholder modules (for optional packages such as runai_model_streamer)
+    raise ModuleNotFoundError on any attribute, so every probe is guarded."""
+    try:
+        cache = getattr(obj, "cache", None)
+        tuner = isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn")
+    except Exception:  # noqa: BLE001 - a module-level object that is not a tuner
+        return None
+    return cache if tuner else None
+
+
 def autotune_choices() -> dict[str, dict[str, str]]:
     """Every Triton autotuner vLLM has loaded in this process, with the config
     it chose per key (its `cache`): {module.kernel: {key: config}}."""
@@ -139,9 +155,8 @@ def autotune_choices() -> dict[str, dict[str, str]]:
         if not mod_name.startswith("vllm") or mod is None:
             continue
         for attr, obj in list(vars(mod).items()):
-            cache = getattr(obj, "cache", None)
-            tuner = isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn")
-            if tuner and cache:
+            cache = _tuner_cache(obj)
+            if cache:
                 found[f"{mod_name}.{attr}"] = {str(k): str(v) for k, v in cache.items()}
     return dict(sorted(found.items()))
 

@@ -349,6 +349,38 @@ def test_a_thinned_capture_still_finds_where_rows_it_left_out_part(tmp_path):
     assert result["same"]["first_parting_position"] is None
 
 
+DECODE_AND_PLACEHOLDERS = """
+import json, sys, types, torch
+sys.path.insert(0, sys.argv[1])
+import capture
+from vllm.utils.import_utils import PlaceholderModule
+# A decode step of a thinned capture: its one row is past tail_from, kept,
+# so the left-out rows it fingerprints are none (run e2's first call died here).
+capture._STATE.update(on=True, keys=(torch.tensor([20000]), torch.tensor([7])),
+                      keep=(8, 19990), rows={})
+capture._store("layer.0.out", torch.ones(1, 4).bfloat16())
+rows = capture._STATE["rows"]
+# vLLM binds optional packages it lacks to placeholders that raise
+# ModuleNotFoundError on any attribute (e2: runai_model_streamer).
+module = types.ModuleType("vllm._flashnext_test_placeholders")
+module.streamer = PlaceholderModule("runai_model_streamer")
+sys.modules[module.__name__] = module
+print(json.dumps({"kept": int(rows["layer.0.out"][0][2].shape[0]),
+                  "left_out": list(rows["layer.0.out" + capture.FINGERPRINT][0][2].shape),
+                  "autotune": capture.autotune_choices()}))
+"""
+
+
+def test_a_decode_step_and_vllms_placeholder_modules_do_not_stop_the_capture():
+    out = subprocess.run(
+        [vllm_python(), "-c", DECODE_AND_PLACEHOLDERS, str(COMMON)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"kept": 1, "left_out": [0, 1], "autotune": {}}
+
+
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
 
 E1 = PP3.parent / "results" / "pp3_equality-h200-e1.json"
