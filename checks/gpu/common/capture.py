@@ -113,6 +113,12 @@ def _fingerprint(rows):
     return (data * weights).sum(dim=1, keepdim=True)
 
 
+def _as_rows(tensor):
+    """One row per token, its values flat; the width from the shape, as in
+    _fingerprint, so that a part with no rows still concatenates."""
+    return tensor.reshape(tensor.shape[0], math.prod(tensor.shape[1:]))
+
+
 def _store_step() -> None:
     """One step's rows as the rank's first layer sees them: (step, tokens) per
     row, on the GPU (no host sync)."""
@@ -257,7 +263,7 @@ def dump(worker, path: str) -> dict[str, Any]:
     for name, parts in _STATE["rows"].items():
         pos = torch.cat([p for p, _, _ in parts]).cpu()
         ids = torch.cat([i for _, i, _ in parts]).cpu()
-        rows = torch.cat([r.reshape(r.shape[0], -1) for _, _, r in parts]).cpu()
+        rows = torch.cat([_as_rows(r) for _, _, r in parts]).cpu()
         exact = name.endswith(FINGERPRINT) or name == STEPS
         out[name] = (pos, ids, rows if exact else rows.float())
     _STATE["rows"].clear()

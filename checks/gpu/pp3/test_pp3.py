@@ -365,20 +365,29 @@ rows = capture._STATE["rows"]
 module = types.ModuleType("vllm._flashnext_test_placeholders")
 module.streamer = PlaceholderModule("runai_model_streamer")
 sys.modules[module.__name__] = module
-print(json.dumps({"kept": int(rows["layer.0.out"][0][2].shape[0]),
-                  "left_out": list(rows["layer.0.out" + capture.FINGERPRINT][0][2].shape),
-                  "autotune": capture.autotune_choices()}))
+kept = int(rows["layer.0.out"][0][2].shape[0])
+left_out = list(rows["layer.0.out" + capture.FINGERPRINT][0][2].shape)
+capture._rank = lambda: 0  # no process group here
+saved = capture.dump(None, sys.argv[2])
+dumped = torch.load(saved["file"])
+print(json.dumps({"kept": kept, "left_out": left_out, "autotune": saved["autotune"],
+                  "dumped": {n: list(v[2].shape) for n, v in sorted(dumped.items())}}))
 """
 
 
-def test_a_decode_step_and_vllms_placeholder_modules_do_not_stop_the_capture():
+def test_a_decode_step_and_vllms_placeholder_modules_do_not_stop_the_capture(tmp_path):
     out = subprocess.run(
-        [vllm_python(), "-c", DECODE_AND_PLACEHOLDERS, str(COMMON)],
+        [vllm_python(), "-c", DECODE_AND_PLACEHOLDERS, str(COMMON), str(tmp_path / "cap")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"kept": 1, "left_out": [0, 1], "autotune": {}}
+    assert result == {
+        "kept": 1,
+        "left_out": [0, 1],
+        "autotune": {},
+        "dumped": {"layer.0.out": [1, 4], "layer.0.out" + "#fp": [0, 1]},
+    }
 
 
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
