@@ -140,15 +140,25 @@ def step_pre(module, args, kwargs):
 
 
 def _tuner_cache(obj) -> dict | None:
-    """A Triton autotuner's chosen configs, or None for anything else. vLLM's
-    placeholder modules (for optional packages such as runai_model_streamer)
-    raise ModuleNotFoundError on any attribute, so every probe is guarded."""
-    try:
-        cache = getattr(obj, "cache", None)
-        tuner = isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn")
-    except Exception:  # noqa: BLE001 - a module-level object that is not a tuner
-        return None
-    return cache if tuner else None
+    """A Triton autotuner's chosen configs, or None for anything else.
+
+    The autotuner may sit under other decorators: FLA's GDN kernels are
+    `@triton.heuristics(...)` over `@triton.autotune(...)`, so the module
+    holds a Heuristics whose `fn` is the Autotuner (run e2 found none for
+    want of this). vLLM's placeholder modules (optional packages such as
+    runai_model_streamer) raise ModuleNotFoundError on any attribute, so
+    every probe is guarded."""
+    for _ in range(4):  # decorators deep
+        try:
+            cache = getattr(obj, "cache", None)
+            if isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn"):
+                return cache
+            obj = getattr(obj, "fn", None)
+        except Exception:  # noqa: BLE001 - a module-level object that is not a tuner
+            return None
+        if obj is None:
+            return None
+    return None
 
 
 def autotune_choices() -> dict[str, dict[str, str]]:

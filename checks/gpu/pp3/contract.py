@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     serve = json.loads(args.serve.read_text()) if args.serve else None
     pp3, ab = build(equality, serve, args.commands)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in ((f"pp3-{pp3['run_id']}.json", pp3), (f"layer_ab-{ab['run_id']}.json", ab)):
         dest = args.out_dir / name
         tmp = dest.with_suffix(".tmp")

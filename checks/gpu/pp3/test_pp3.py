@@ -390,6 +390,51 @@ def test_a_decode_step_and_vllms_placeholder_modules_do_not_stop_the_capture(tmp
     }
 
 
+TUNED_KERNEL = """
+import triton
+import triton.language as tl
+
+
+# As FLA's GDN kernels in vLLM 0.33.0 (chunk_delta_h.py): heuristics over
+# autotune over jit, so the module holds a Heuristics, not the Autotuner.
+@triton.heuristics({"USE_G": lambda args: args["g"] is not None})
+@triton.autotune(
+    configs=[triton.Config({"BV": bv}, num_warps=w) for w in (2, 4) for bv in (32, 64)],
+    key=["H"],
+)
+@triton.jit
+def kernel(x, g, H, BV: tl.constexpr, USE_G: tl.constexpr):
+    pass
+"""
+
+FIND_TUNED = """
+import importlib.util, json, sys
+sys.path.insert(0, sys.argv[1])
+import capture
+spec = importlib.util.spec_from_file_location("vllm._flashnext_test_tuned", sys.argv[2])
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+tuner = module.kernel.fn
+tuner.cache[(8,)] = tuner.configs[3]  # what a first call with H=8 would leave
+print(json.dumps(capture.autotune_choices()))
+"""
+
+
+def test_the_capture_finds_an_autotuner_under_triton_heuristics(tmp_path):
+    kernel = tmp_path / "tuned_kernel.py"
+    kernel.write_text(TUNED_KERNEL)
+    out = subprocess.run(
+        [vllm_python(), "-c", FIND_TUNED, str(COMMON), str(kernel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(found) == ["vllm._flashnext_test_tuned.kernel"]
+    ((key, config),) = found["vllm._flashnext_test_tuned.kernel"].items()
+    assert key == "(8,)" and "BV: 64" in config and "num_warps: 4" in config
+
+
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
 
 E1 = PP3.parent / "results" / "pp3_equality-h200-e1.json"
