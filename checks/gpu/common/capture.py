@@ -139,8 +139,8 @@ def step_pre(module, args, kwargs):
     _store_step()
 
 
-def _tuner_cache(obj) -> dict | None:
-    """A Triton autotuner's chosen configs, or None for anything else.
+def _tuner(obj):
+    """The Triton autotuner behind a module-level object, or None.
 
     The autotuner may sit under other decorators: FLA's GDN kernels are
     `@triton.heuristics(...)` over `@triton.autotune(...)`, so the module
@@ -152,7 +152,7 @@ def _tuner_cache(obj) -> dict | None:
         try:
             cache = getattr(obj, "cache", None)
             if isinstance(cache, dict) and hasattr(obj, "configs") and hasattr(obj, "fn"):
-                return cache
+                return obj
             obj = getattr(obj, "fn", None)
         except Exception:  # noqa: BLE001 - a module-level object that is not a tuner
             return None
@@ -161,20 +161,46 @@ def _tuner_cache(obj) -> dict | None:
     return None
 
 
-def autotune_choices() -> dict[str, dict[str, str]]:
-    """Every Triton autotuner vLLM has loaded in this process, with the config
-    it chose per key (its `cache`): {module.kernel: {key: config}}."""
+def _tuners() -> dict[str, Any]:
+    """Every Triton autotuner vLLM's loaded modules hold: {module.kernel: tuner}."""
     import sys
 
-    found: dict[str, dict[str, str]] = {}
+    found: dict[str, Any] = {}
     for mod_name, mod in list(sys.modules.items()):
         if not mod_name.startswith("vllm") or mod is None:
             continue
         for attr, obj in list(vars(mod).items()):
-            cache = _tuner_cache(obj)
-            if cache:
-                found[f"{mod_name}.{attr}"] = {str(k): str(v) for k, v in cache.items()}
+            tuner = _tuner(obj)
+            if tuner is not None:
+                found[f"{mod_name}.{attr}"] = tuner
     return dict(sorted(found.items()))
+
+
+def autotune_choices() -> dict[str, dict[str, str]]:
+    """The config each autotuner chose per key (its `cache`), for those that
+    have tuned: {module.kernel: {key: config}}."""
+    return {
+        name: {str(k): str(v) for k, v in tuner.cache.items()}
+        for name, tuner in _tuners().items()
+        if tuner.cache
+    }
+
+
+def pin_autotune(worker) -> dict[str, str]:
+    """Every autotuner from now on runs its first listed config, untimed.
+
+    An autotuner picks by timing, and three engines timing on one GPU can
+    pick differently, each config rounding its own way: the engines'
+    layers then part where their inputs are equal. Pinned alike in every
+    engine, the configs cannot part them. What was tuned before (the
+    warm-up, graphs already captured) is forgotten or kept as it is; the
+    cases run after. Returns {module.kernel: the pinned config}."""
+    pinned = {}
+    for name, tuner in _tuners().items():
+        tuner.configs = tuner.configs[:1]  # one config: Triton runs it without timing
+        tuner.cache.clear()
+        pinned[name] = str(tuner.configs[0])
+    return pinned
 
 
 def install_capture(worker) -> dict[str, Any]:

@@ -55,6 +55,7 @@ def runs_of(
             "layer_mean_rel": v["layer_mean_rel"],
             "first_layer_over_bound": v["first_layer_over_bound"],
             "ids_equal": v["ids_equal"],
+            "cause": v.get("cause"),  # where it parts first, and why (compare.parting_cause)
         }
         for case, v in sorted(verdicts.get(key, {}).items(), key=lambda kv: _case(kv[0]))
     ]
@@ -109,6 +110,8 @@ def build(
         "boundary_shift_caught": caught(verdicts, "boundary_shift"),
     }
     pp3["spread"] = runs_of(verdicts, "spread", "eager-vram run to run", "eager")
+    pinned = "eager-vram, every autotuner on its first config"
+    pp3["pinned"] = runs_of(verdicts, "pp3-eager-vram-pinned", pinned, "eager")
     pp3["serve"] = serve_block(serve)
     ab = {"pp_size": 1} | common(equality, commands)
     ab["runs"] = [

@@ -93,6 +93,8 @@ def run(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     result["sync"] = llm.collective_rpc(capture.install_sync, args=(spec.get("sync", "none"),))
     if spec.get("capture"):
         result["capture_layers"] = llm.collective_rpc(capture.install_capture)
+    if spec.get("pin_autotune"):
+        result["pinned_autotune"] = llm.collective_rpc(capture.pin_autotune)
     config = json.loads((Path(spec["model"]) / "config.json").read_text())
     vocab = int(config.get("text_config", config)["vocab_size"])
     params = SamplingParams(

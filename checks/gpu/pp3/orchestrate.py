@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+import compare  # noqa: E402
 from compare import (  # noqa: E402
     boundary_paths,
     compare_runs,
@@ -70,6 +73,7 @@ class Engine:
     stock_model: bool = False  # the PLE-off, dummy-weight copy stock can load at PP>1
     mtp: bool = False  # MTP K=1 with the echo drafter copy (echo_drafter.py)
     new_tokens: int = 8
+    pin_autotune: bool = False  # every Triton autotuner on its first config (capture.py)
 
 
 # capture.install_sync's probes: where a sync goes, what is traced, candidate fixes.
@@ -170,6 +174,10 @@ def equality_engines() -> list[Engine]:
     # The reference against itself, its cases in the other order (other KV
     # blocks for the same prompt): the spread past the indexer budget.
     engines.append(mode_engine(f"pp1-{EAGER.name}-again", EAGER, 1, cases=EQUALITY_CASES[::-1]))
+    # Both sides with every autotuner on one config: what parts them then is
+    # not a config timed differently on a shared GPU.
+    for pp in (1, 3):
+        engines.append(mode_engine(f"pp{pp}-{EAGER.name}-pinned", EAGER, pp, pin_autotune=True))
     engines.append(
         mode_engine("pp3-shift", EAGER, 3, sync="boundary_shift", cases=SENSITIVITY_CASES)
     )
@@ -199,6 +207,12 @@ EQUALITY_PAIRS = (
         )
         for m in EQUALITY_MODES
     ),  # fmt: skip
+    (
+        f"pp3-{EAGER.name}-pinned",
+        f"pp1-{EAGER.name}-pinned",
+        f"pp3-{EAGER.name}-pinned",
+        f"PP=3 vs PP=1, {EAGER.name}, every autotuner on its first config",
+    ),
     ("boundary_shift", f"pp1-{EAGER.name}", "pp3-shift", "sensitivity: misaligned row at rank 1"),
     ("drop_one_token", f"pp1-{PROFILE.name}", "pp1-drop", "sensitivity: a selected token dropped"),
     ("ab-offload", f"pp1-{EAGER.name}", "pp1-eager-offload", "PP=1 A/B: QSA K/V offloaded"),
@@ -234,6 +248,7 @@ def spec_for(engine: Engine, args) -> dict[str, Any]:
         "table": str(args.tables / "ple-packed.bin") if engine.table else None,
         "sync": engine.sync,
         "capture": engine.capture,
+        "pin_autotune": engine.pin_autotune,
         "cases": [list(c) for c in engine.cases],
         "max_new_tokens": engine.new_tokens,
         "plan": {"argv": args.plan["argv"], "env": args.plan["env"]},
@@ -343,6 +358,7 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
         "error_lines": record.get("error_lines"),
         "startup_s": record.get("startup_s"),
         "spec_decode": record.get("spec_decode"),
+        "pinned_autotune": record.get("pinned_autotune"),  # per rank: kernel -> config
         "ids": {c: v["output_ids"] for c, v in record.get("cases", {}).items()},
         # MTP engines: what the echo drafter's counters can be (RESULTS.md, e1 item 5)
         "echo": echo_acceptance(
@@ -352,6 +368,27 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
         if record.get("spec_decode")
         else None,
     }
+
+
+def cached(raw: Path, name: str, inputs: list[Path], extra: Any, compute) -> Any:
+    """compute(), kept in RAW/compare/ under the bytes it reads: a later call
+    of the same run id computes again only what an engine run anew changed.
+    (Each call of run e2 compared every finished pair again: 170-270 s of
+    the GPU host's time per call.) The key holds compare.py itself, so a
+    changed comparison is never taken from an older one."""
+    digest = hashlib.sha256(Path(compare.__file__).read_bytes())
+    for path in inputs:
+        digest.update(path.read_bytes())
+    digest.update(json.dumps(extra, sort_keys=True).encode())
+    kept = raw / "compare" / f"{name}-{digest.hexdigest()[:20]}.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
+    result = compute()
+    kept.parent.mkdir(exist_ok=True)
+    tmp = kept.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(kept)
+    return result
 
 
 def equality(args) -> dict[str, Any]:
@@ -373,17 +410,18 @@ def equality(args) -> dict[str, Any]:
     for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
         if ref in done and other in done:
             spread = comparisons.get("spread") if key != "spread" else None
-            result = compare_runs(
-                args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json", spread
-            )
+            pair = [args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json"]
+            compute = partial(compare_runs, *pair, spread)
+            result = cached(args.raw, f"{ref}--{other}", pair, spread, compute)
             comparisons[key] = result | {"what": what}
             print(render(result), flush=True)
     verdicts = judge_all(comparisons)
     # Does PP=1's fused boundary path round like PP=3's split one?
     paths = {
-        name: boundary_paths(args.raw / f"{name}.out.json")
+        name: cached(args.raw, f"{name}-boundary", [out], None, partial(boundary_paths, out))
         for name in sorted(done)
         if finished[name]["spec"]["pp"] == 1
+        for out in [args.raw / f"{name}.out.json"]
     }
     for name, cases in paths.items():
         for case, points in cases.items():

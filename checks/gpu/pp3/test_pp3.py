@@ -154,6 +154,44 @@ def test_the_comparison_matches_tokens_across_ranks_and_orders(tmp_path):
     assert case["ids_equal"] and case["missing"] == []
 
 
+CACHED = """
+import json, subprocess, sys
+from pathlib import Path
+root, common, pp3 = (Path(a) for a in sys.argv[1:4])
+subprocess.run([sys.executable, "-c", sys.argv[4], str(root), str(common)], check=True,
+               capture_output=True)
+sys.path.insert(0, str(pp3))
+import orchestrate
+from functools import partial
+calls = []
+def counted(*args):
+    calls.append(args)
+    return orchestrate.compare_runs(*args)
+pair = [root / "ref.out.json", root / "other.out.json"]
+def compare():
+    return orchestrate.cached(root, "ref--other", pair, None, partial(counted, *pair, None))
+first, again = compare(), compare()
+# The other engine runs anew (its record changes): compared again.
+record = json.loads(pair[1].read_text())
+record["cases"]["10x1"]["output_ids"] = [[1, 3]]
+pair[1].write_text(json.dumps(record))
+third = compare()
+print(json.dumps({"calls": len(calls), "same": first == again,
+                  "ids_equal": [first["cases"]["10x1"]["ids_equal"],
+                                third["cases"]["10x1"]["ids_equal"]]}))
+"""
+
+
+def test_a_later_call_takes_a_comparison_from_the_cache_until_an_engine_runs_anew(tmp_path):
+    out = subprocess.run(
+        [vllm_python(), "-c", CACHED, str(tmp_path), str(COMMON), str(PP3), CAPTURES],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"calls": 2, "same": True, "ids_equal": [True, False]}
+
+
 def test_only_pp3_engines_get_the_one_gpu_environment():
     plan = {"argv": ["vllm", "serve", "/m"], "env": {"VLLM_QSA_KV_OFFLOAD": "1"}}
     args = SimpleNamespace(model=Path("/m"), stock_model=Path("/s"), tables=Path("/t"), plan=plan)
@@ -417,11 +455,14 @@ sys.modules[spec.name] = module
 spec.loader.exec_module(module)
 tuner = module.kernel.fn
 tuner.cache[(8,)] = tuner.configs[3]  # what a first call with H=8 would leave
-print(json.dumps(capture.autotune_choices()))
+found = capture.autotune_choices()
+pinned = capture.pin_autotune(None)
+print(json.dumps({"found": found, "pinned": pinned, "configs": len(tuner.configs),
+                  "cache": len(tuner.cache), "after": capture.autotune_choices()}))
 """
 
 
-def test_the_capture_finds_an_autotuner_under_triton_heuristics(tmp_path):
+def test_the_capture_finds_an_autotuner_under_triton_heuristics_and_pins_it(tmp_path):
     kernel = tmp_path / "tuned_kernel.py"
     kernel.write_text(TUNED_KERNEL)
     out = subprocess.run(
@@ -429,10 +470,26 @@ def test_the_capture_finds_an_autotuner_under_triton_heuristics(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    assert list(found) == ["vllm._flashnext_test_tuned.kernel"]
-    ((key, config),) = found["vllm._flashnext_test_tuned.kernel"].items()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    name = "vllm._flashnext_test_tuned.kernel"
+    assert list(result["found"]) == [name]
+    ((key, config),) = result["found"][name].items()
     assert key == "(8,)" and "BV: 64" in config and "num_warps: 4" in config
+    # Pinned: one config left (Triton then runs it untimed), the timed choice forgotten.
+    assert "BV: 32" in result["pinned"][name] and "num_warps: 2" in result["pinned"][name]
+    assert (result["configs"], result["cache"], result["after"]) == (1, 0, {})
+
+
+def test_the_pinned_pair_pins_both_sides_and_is_compared():
+    engines = {e.name: e for e in orchestrate.equality_engines()}
+    pinned = [n for n, e in engines.items() if e.pin_autotune]
+    assert pinned == ["pp1-eager-vram-pinned", "pp3-eager-vram-pinned"]
+    pairs = {key: (ref, other) for key, ref, other, _ in orchestrate.EQUALITY_PAIRS}
+    assert pairs["pp3-eager-vram-pinned"] == tuple(pinned)
+    # The same cases and mode as the unpinned pair, so the two verdicts compare.
+    for name in pinned:
+        plain = engines[name.removesuffix("-pinned")]
+        assert (engines[name].cases, engines[name].graphs) == (plain.cases, plain.graphs)
 
 
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
