@@ -569,3 +569,16 @@ def test_the_vllm_wrapper_runs_main_only_as_the_main_module(kit_inputs, tmp_path
         [sys.executable, str(wrapper)], env=env, capture_output=True, text=True, check=False
     )
     assert ran.returncode == 3 and "main called" in ran.stdout
+
+
+# --------------------------------------------------------------------------- one call's room
+
+
+def test_a_part_fits_one_device_call_beside_the_tracked_tree():
+    """The device tool refuses a call over 64 MiB, the tree counted: the
+    committed part size must leave room for the tree and the overlay."""
+    tree = build.tracked_bytes()
+    assert 1_000_000 < tree < build.CALL_MAX  # the real tree, read through git
+    build.check_call_room(build.PART_MAX)  # today's tree: fits
+    with pytest.raises(build.KitError, match="lower PART_MAX"):
+        build.check_call_room(build.CALL_MAX - tree + 1)
