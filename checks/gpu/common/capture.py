@@ -54,6 +54,7 @@ _STATE: dict[str, Any] = {
     "keys": None,
     "keep": None,
     "step": 0,
+    "errors": [],  # what a diagnostic hook met, reported by dump instead of raised
 }
 
 STEPS = "#steps"  # per row: (step number, the step's token count); never thinned
@@ -111,6 +112,47 @@ def _fingerprint(rows):
     data = rows.contiguous().view(torch.uint8).reshape(rows.shape[0], width).long()
     weights = (torch.arange(data.shape[1], device=data.device) * 2654435761 + 1) % 2147483647
     return (data * weights).sum(dim=1, keepdim=True)
+
+
+# MTP verify rows at a rank's first GDN layer: the step's GDN metadata per row
+# (run e2: rejected draft rows parted at 20000x4 where every other row agreed).
+SPEC = "#spec"
+SPEC_FIELDS = (
+    "num_prefills", "num_decodes", "num_spec_decodes", "num_actual_tokens",
+    "sequence_tokens", "offset", "num_accepted_tokens",
+)  # fmt: skip
+
+
+def spec_rows(meta, pos, ids):
+    """The rows of a GDN step's spec-decode sequences (the verified token and
+    its drafts): (positions, ids, one int row of SPEC_FIELDS each), or None
+    when the step has none. Indices past the keys are left out rather than
+    read: a device assert would end the engine."""
+    import torch
+
+    if meta is None or not meta.num_spec_decodes or meta.spec_token_indx is None:
+        return None
+    idx = meta.spec_token_indx.long()
+    starts = meta.spec_query_start_loc.long()
+    k = torch.arange(idx.numel(), device=idx.device)
+    seq = (torch.searchsorted(starts, k, right=True) - 1).clamp(0, starts.numel() - 2)
+    lengths = (starts[1:] - starts[:-1])[seq]
+    accepted = meta.num_accepted_tokens
+    accepted = (
+        torch.full_like(k, -1)
+        if accepted is None
+        else accepted.long()[seq.clamp(max=accepted.numel() - 1)]
+    )
+    counts = [meta.num_prefills, meta.num_decodes, meta.num_spec_decodes, meta.num_actual_tokens]
+    ints = torch.cat(
+        [
+            torch.tensor(counts, device=idx.device).expand(k.numel(), 4),
+            torch.stack([lengths, k - starts[seq], accepted], dim=1),
+        ],
+        dim=1,
+    )
+    keep = idx < pos.numel()
+    return pos[idx[keep]], ids[idx[keep]], ints[keep]
 
 
 def _as_rows(tensor):
@@ -250,6 +292,29 @@ def install_capture(worker) -> dict[str, Any]:
 
         return hook
 
+    def spec_pre(module, args):
+        # A diagnosis must not end the engine: an error is kept and reported.
+        if not _STATE["on"] or _STATE["keys"] is None:
+            return
+        try:
+            from vllm.forward_context import get_forward_context
+
+            metadata = get_forward_context().attn_metadata
+            meta = metadata.get(module.prefix) if isinstance(metadata, dict) else None
+            rows = spec_rows(meta, *_STATE["keys"])
+        except Exception as exc:  # noqa: BLE001
+            _STATE["errors"].append(f"{SPEC}: {type(exc).__name__}: {exc}")
+            return
+        if rows is not None:
+            _STATE["rows"].setdefault(SPEC, []).append(rows)
+
+    # The model's first GDN layer only (rank 0's): one record per row, as at PP=1.
+    first_gdn = next(
+        (i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None)), None
+    )
+    if first_gdn is not None and start <= first_gdn < end:
+        hooks.append(model.layers[first_gdn].linear_attn.register_forward_pre_hook(spec_pre))
+
     from vllm.distributed.utils import get_pp_indices
 
     boundaries = {get_pp_indices(len(model.layers), rank, 3)[0] for rank in (1, 2)}
@@ -300,13 +365,20 @@ def dump(worker, path: str) -> dict[str, Any]:
         pos = torch.cat([p for p, _, _ in parts]).cpu()
         ids = torch.cat([i for _, i, _ in parts]).cpu()
         rows = torch.cat([_as_rows(r) for _, _, r in parts]).cpu()
-        exact = name.endswith(FINGERPRINT) or name == STEPS
+        exact = name.endswith(FINGERPRINT) or name in (STEPS, SPEC)
         out[name] = (pos, ids, rows if exact else rows.float())
     _STATE["rows"].clear()
     rank = _rank()
     target = f"{path}.rank{rank}.pt"
     torch.save(out, target)
-    return {"rank": rank, "points": len(out), "file": target, "autotune": autotune_choices()}
+    errors, _STATE["errors"] = _STATE["errors"], []
+    return {
+        "rank": rank,
+        "points": len(out),
+        "file": target,
+        "autotune": autotune_choices(),
+        "errors": errors[:20],
+    }
 
 
 # --- sync probes for the crash bisection -------------------------------------

@@ -67,6 +67,36 @@ def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
 
 FINGERPRINT = "#fp"  # capture.py: rows left out of a long prompt, as exact fingerprints
 STEPS = "#steps"  # capture.py: per row (step number, the step's token count)
+SPEC = "#spec"  # capture.py: per MTP verify row, its step's GDN metadata (SPEC_FIELDS)
+SPEC_FIELDS = (
+    "num_prefills", "num_decodes", "num_spec_decodes", "num_actual_tokens",
+    "sequence_tokens", "offset", "num_accepted_tokens",
+)  # fmt: skip
+
+
+def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:
+    """MTP verify rows both engines ran (keyed by position and id): how many
+    ran under other GDN metadata, the first such key and which fields. Equal
+    metadata with a parting output row points at the kernel or its buffers;
+    other metadata at how the step was built."""
+    if a is None or b is None:
+        return {"recorded": False}
+    ua, ub = _unique_rows(*a), _unique_rows(*b)
+    keys = sorted(set(ua) & set(ub))
+    fields: set[str] = set()
+    differ = []
+    for key in keys:
+        va, vb = a[2][ua[key]].tolist(), b[2][ub[key]].tolist()
+        if va != vb:
+            differ.append(key)
+            fields |= {f for f, x, y in zip(SPEC_FIELDS, va, vb, strict=True) if x != y}
+    return {
+        "recorded": True,
+        "rows": len(keys),
+        "differ": len(differ),
+        "first": list(differ[0]) if differ else None,
+        "fields": sorted(fields),
+    }
 
 
 def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -418,6 +448,7 @@ def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -
             "missing": sorted(n for n in set(ca) ^ set(cb) if "#" not in n),
             "schedule": schedule,
             "autotune": autotune,
+            "spec": spec_difference(ca.get(SPEC), cb.get(SPEC)),
             "cause": parting_cause(points, schedule, autotune),
         }
     return {"ref": ra["run"], "other": rb["run"], "cases": cases}

@@ -350,6 +350,16 @@ def _series_stamp(kit: Path) -> dict[str, Any] | None:
     }
 
 
+def _capture_errors(record: dict[str, Any]) -> dict[str, list[str]]:
+    """Per case, what the capture's diagnostic hooks met (capture.dump's `errors`)."""
+    found = {}
+    for case, entry in record.get("cases", {}).items():
+        errors = [e for dump in entry.get("capture") or [] for e in (dump or {}).get("errors", [])]
+        if errors:
+            found[case] = errors
+    return found
+
+
 def _summary(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "ok": record.get("ok"),
@@ -359,6 +369,7 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
         "startup_s": record.get("startup_s"),
         "spec_decode": record.get("spec_decode"),
         "pinned_autotune": record.get("pinned_autotune"),  # per rank: kernel -> config
+        "capture_errors": _capture_errors(record),
         "ids": {c: v["output_ids"] for c, v in record.get("cases", {}).items()},
         # MTP engines: what the echo drafter's counters can be (RESULTS.md, e1 item 5)
         "echo": echo_acceptance(

@@ -492,6 +492,55 @@ def test_the_pinned_pair_pins_both_sides_and_is_compared():
         assert (engines[name].cases, engines[name].graphs) == (plain.cases, plain.graphs)
 
 
+SPEC_ROWS = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import capture, compare
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+def meta(prefills, accepted):
+    # A mixed step: prompt rows 0-3, then two MTP verify sequences of two
+    # tokens each (the verified token and its draft) at rows 4-7.
+    return GDNAttentionMetadata(
+        num_prefills=prefills, num_prefill_tokens=4, num_decodes=0, num_decode_tokens=0,
+        num_spec_decodes=2, num_spec_decode_tokens=4, num_actual_tokens=8,
+        spec_query_start_loc=torch.tensor([0, 2, 4], dtype=torch.int32),
+        spec_token_indx=torch.tensor([4, 5, 6, 7]),
+        num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32))
+pos, ids = torch.arange(100, 108), torch.arange(500, 508)
+a = capture.spec_rows(meta(1, [1, 1]), pos, ids)
+b = capture.spec_rows(meta(1, [1, 2]), pos, ids)
+none = capture.spec_rows(GDNAttentionMetadata(1, 4, 0, 0, 0, 0, 4), pos, ids)
+print(json.dumps({"pos": a[0].tolist(), "ids": a[1].tolist(), "rows": a[2].tolist(),
+                  "same": compare.spec_difference(a, a), "other": compare.spec_difference(a, b),
+                  "none": none is None, "fields": capture.SPEC_FIELDS == compare.SPEC_FIELDS}))
+"""
+
+
+def test_mtp_verify_rows_carry_their_steps_gdn_metadata_and_compare_by_field():
+    out = subprocess.run(
+        [vllm_python(), "-c", SPEC_ROWS, str(COMMON)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["pos"] == [104, 105, 106, 107] and result["ids"] == [504, 505, 506, 507]
+    # prefills, decodes, spec decodes, tokens, sequence length, offset in it, accepted
+    assert result["rows"] == [
+        [1, 0, 2, 8, 2, 0, 1],
+        [1, 0, 2, 8, 2, 1, 1],
+        [1, 0, 2, 8, 2, 0, 1],
+        [1, 0, 2, 8, 2, 1, 1],
+    ]
+    assert result["same"] == {"recorded": True, "rows": 4, "differ": 0, "first": None, "fields": []}
+    assert result["other"] == {
+        "recorded": True,
+        "rows": 4,
+        "differ": 2,
+        "first": [106, 506],
+        "fields": ["num_accepted_tokens"],
+    }
+    assert result["none"] and result["fields"]
+
+
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
 
 E1 = PP3.parent / "results" / "pp3_equality-h200-e1.json"
