@@ -12,8 +12,6 @@ only in the overrides it names.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,21 +23,14 @@ sys.path.insert(0, str(GPU / "pp3"))
 sys.path.insert(0, str(GPU / "common"))
 
 import plan_settings  # noqa: E402
+from tiny_plan import in_vllm, in_vllm_json, tiny_checkpoint, vllm_python, write_plan  # noqa: E402
 
 PROFILE = "h200-tiny-pp3"
-
-
-def vllm_python() -> str:
-    py = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not py:
-        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
-    return py
+PLAN_SETTINGS = GPU / "common" / "plan_settings.py"
 
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    from tiny_plan import tiny_checkpoint, write_plan
-
     root = tmp_path_factory.mktemp("plan-settings")
     model, table = tiny_checkpoint(root, vllm_python(), layers=12)
     path = write_plan(root / "plan.json", model, table, PROFILE, gpus=3)
@@ -47,12 +38,7 @@ def plan(tmp_path_factory):
 
 
 def settings(plan_path: Path, *overrides: str) -> dict:
-    out = subprocess.run(
-        [vllm_python(), str(GPU / "common" / "plan_settings.py"), str(plan_path), *overrides],
-        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return in_vllm_json(str(PLAN_SETTINGS), str(plan_path), *overrides)
 
 
 def test_the_plan_becomes_the_profiles_engine_arguments(plan):
@@ -82,10 +68,7 @@ def test_overrides_are_named_and_recorded(plan):
     doc = settings(plan[0], "enforce_eager=true", "compilation_config=null")
     assert doc["kwargs"]["enforce_eager"] is True and "compilation_config" not in doc["kwargs"]
     assert doc["overrides"] == {"enforce_eager": True, "compilation_config": None}
-    out = subprocess.run(
-        [vllm_python(), str(GPU / "common" / "plan_settings.py"), str(plan[0]), "no_such_field=1"],
-        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
-    )  # fmt: skip
+    out = in_vllm(str(PLAN_SETTINGS), str(plan[0]), "no_such_field=1")
     assert out.returncode != 0 and "'no_such_field' is not an EngineArgs field" in out.stderr
 
 
@@ -159,12 +142,7 @@ def pp3_engines(plan_doc: dict, model: Path, table: Path) -> dict:
     specs = {e.name: orchestrate.spec_for(e, args) for e in engines}
     path = table.parent / "specs.json"
     path.write_text(json.dumps(specs))
-    out = subprocess.run(
-        [vllm_python(), "-c", ENGINE_SIDE, str(GPU / "pp3"), str(path)],
-        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return in_vllm_json("-c", ENGINE_SIDE, str(GPU / "pp3"), str(path))
 
 
 def test_the_pp3_engines_run_the_plans_settings(plan):

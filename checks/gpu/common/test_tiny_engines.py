@@ -13,8 +13,6 @@ reaches every engine.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,7 +26,7 @@ for folder in ("common", "ab", "mtp"):
 import in_vllm_ab  # noqa: E402
 import mtp_equality  # noqa: E402
 from plan_settings import QSA_OFFLOAD_ENV  # noqa: E402
-from tiny_plan import tiny_checkpoint, with_flag, write_plan  # noqa: E402
+from tiny_plan import in_vllm_json, tiny_checkpoint, vllm_python, with_flag, write_plan  # noqa: E402
 
 PROFILE = in_vllm_ab.PROFILE
 KS = [1, 2]
@@ -60,13 +58,6 @@ for name, spec in json.loads(open(sys.argv[2]).read()).items():
     out["plans"][name] = {k: _printable(v) for k, v in plain.items()}
 print(json.dumps(out, default=str))
 """
-
-
-def vllm_python() -> str:
-    py = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not py:
-        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
-    return py
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +94,7 @@ def engines(specs: dict[str, dict], tmp: Path) -> dict:
     and the arguments of its plan alone."""
     path = tmp / "specs.json"
     path.write_text(json.dumps(specs))
-    out = subprocess.run(
-        [vllm_python(), "-c", ENGINE_SIDE, str(GPU / "ab"), str(path)],
-        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return in_vllm_json("-c", ENGINE_SIDE, str(GPU / "ab"), str(path))
 
 
 def assert_plan_but_overrides(built: dict, allowed: set[str]) -> None:

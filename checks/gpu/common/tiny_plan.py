@@ -7,18 +7,46 @@ multi-GPU profile as the PP=3 emulation does. Each harness's run script
 writes the same plan on the GPU host from that host's facts.
 
 Runs in the launcher's venv (the test's python); the checkpoint is written by
-the pinned vLLM env's python (FLASHNEXT_VLLM_PY), as the harnesses write it.
+the pinned vLLM env's python (FLASHNEXT_VLLM_PY), as the harnesses write it,
+and the tests run their vLLM side there too (`in_vllm`, `in_vllm_json`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 GPU = Path(__file__).resolve().parents[1]
 REPO = GPU.parents[1]
+
+
+def vllm_python() -> str:
+    """The pinned vLLM env's python; the test is skipped where it is not set."""
+    py = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not py:
+        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
+    return py
+
+
+def in_vllm(*args: str) -> subprocess.CompletedProcess:
+    """The pinned vLLM env's python with args, on CPU."""
+    return subprocess.run(
+        [vllm_python(), *args],
+        capture_output=True, text=True, env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+
+
+def in_vllm_json(*args: str) -> Any:
+    """What `in_vllm` printed, as JSON; the run must succeed."""
+    out = in_vllm(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
 
 
 def tiny_checkpoint(root: Path, vllm_python: str, layers: int | None = None) -> tuple[Path, Path]:

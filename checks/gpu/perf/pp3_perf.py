@@ -28,11 +28,9 @@ leaves free three 3090s' free memory. Writes OUT/pp3_perf_raw-RUN-ENGINE.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -48,6 +46,7 @@ sys.path.insert(0, str(HERE.parent / "rank_fit"))
 sys.path.insert(0, str(HERE.parent / "common"))
 
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
+from own_session import run_in_own_session  # noqa: E402
 from plan_settings import plan_env  # noqa: E402
 from rank_fit import HOST_ENV, TOKEN_RANGE, start_ballast, stop_ballast  # noqa: E402
 
@@ -297,21 +296,7 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
     ballast, held = start_ballast(ballast_free(args.inputs))
     started = time.monotonic()
     try:
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                ["bash", "-c", command],
-                env={**os.environ, **spec["env"]},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                code: Any = proc.wait(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        code = run_in_own_session(command, {**os.environ, **spec["env"]}, log_path, args.timeout)
     finally:
         stop_ballast(ballast)
     record = json.loads(out_path.read_text()) if out_path.exists() else {"ok": False}

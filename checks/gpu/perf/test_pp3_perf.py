@@ -186,6 +186,44 @@ def test_vllm_builds_every_engines_config_from_its_argv(work, inputs):
         }, name
 
 
+# The perf shim in the pinned vLLM: the PP=3 shim's patch and the 3090's kernels, each
+# only when asked, both through the PP=3 shim's import hook; nothing of vLLM at start.
+SHIM_PROBE = """
+import json, os, sys
+at_start = sorted(m for m in sys.modules if "vllm" in m)
+from vllm.config import ParallelConfig
+from vllm.model_executor.layers.quantization.utils.humming import priority
+config = ParallelConfig(pipeline_parallel_size=3, distributed_executor_backend="mp")
+print(json.dumps({"vllm_at_start": at_start, "gpu": config.get_local_gpu_index(2),
+                  "humming": sorted(priority._HUMMING_PREFERRED_CAPABILITIES)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("switches", "expected"),
+    [
+        ({}, {"vllm_at_start": [], "gpu": 2, "humming": [90]}),
+        ({"FLASHNEXT_PP_ONE_GPU": "1"}, {"vllm_at_start": [], "gpu": 0, "humming": [90]}),
+        ({"FLASHNEXT_PERF_3090_KERNELS": "1"}, {"vllm_at_start": [], "gpu": 2, "humming": []}),
+        (
+            {"FLASHNEXT_PP_ONE_GPU": "1", "FLASHNEXT_PERF_3090_KERNELS": "1"},
+            {"vllm_at_start": [], "gpu": 0, "humming": []},
+        ),
+    ],
+)
+def test_the_perf_shim_patches_only_what_is_asked(switches, expected):
+    python = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not python:
+        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
+    unset = ("FLASHNEXT_PP_ONE_GPU", "FLASHNEXT_PERF_3090_KERNELS", "FLASHNEXT_PERF_MEMORY")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"PYTHONPATH": str(pp3_perf.SHIM_DIR), "VLLM_TARGET_DEVICE": "cpu", **switches}
+    proc = subprocess.run([python, "-c", SHIM_PROBE], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
+
+
 # --- projection: made-up inputs (a test fixture, not a result) ---------------
 
 FAKE_LINKS = projection.Links(h200_read_bytes_per_s=4e12, h200_h2d_bytes_per_s=50e9,

@@ -19,14 +19,11 @@ engines of the run have finished, and writes pp3_equality-RUN_ID.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tarfile
 import time
@@ -50,6 +47,7 @@ from compare import (  # noqa: E402
     spread_bounds,
 )
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
+from own_session import run_in_own_session  # noqa: E402
 from plan_settings import plan_env  # noqa: E402
 
 ERROR_LINE = re.compile(
@@ -274,22 +272,7 @@ def launch(engine: Engine, args) -> dict[str, Any]:
         f"exec python3 {HERE / 'engine.py'} {spec_path} {out_path}"
     )
     started = time.monotonic()
-    with log_path.open("w") as log:
-        # Its own session: the engine's workers go with it, however it ends.
-        proc = subprocess.Popen(
-            ["bash", "-c", command],
-            env={**os.environ, **spec["env"]},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code: Any = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    code = run_in_own_session(command, {**os.environ, **spec["env"]}, log_path, args.timeout)
     wall = time.monotonic() - started
     record = (
         json.loads(out_path.read_text()) if out_path.exists() else {"run": engine.name, "ok": False}

@@ -3,7 +3,8 @@
 First on PYTHONPATH for the perf harness (checks/gpu/perf/pp3_perf.py); every
 process of the engine (the engine core, the three workers) imports it at
 start. Python imports one `sitecustomize`, so this one runs the PP=3 shim's
-(checks/gpu/pp3/onegpu/sitecustomize.py, unchanged, by path) and then:
+(checks/gpu/pp3/onegpu/sitecustomize.py, unchanged, by path; its import hook
+serves the kernels' patch below too) and then:
 
 - FLASHNEXT_PERF_3090_KERNELS=1: the kernels a 3090 takes. When vLLM's
   Humming priority module is imported, its sm90 preference is emptied
@@ -33,11 +34,14 @@ _SHIM = os.path.join(
 )
 
 
-def _run_pp3_shim():
+def _load_pp3_shim():
+    """The PP=3 shim, by path; it acts only under FLASHNEXT_PP_ONE_GPU=1, and its
+    import hook (`after_import`) serves this shim too."""
     spec = importlib.util.spec_from_file_location("_flashnext_pp3_onegpu", _SHIM)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    return module
 
 
 _HUMMING = "vllm.model_executor.layers.quantization.utils.humming.priority"
@@ -45,37 +49,6 @@ _HUMMING = "vllm.model_executor.layers.quantization.utils.humming.priority"
 
 def _no_humming_preference(module):
     module._HUMMING_PREFERRED_CAPABILITIES = frozenset()
-
-
-class _AfterImport:
-    """Run `then(module)` once `name` has been executed (a meta path finder)."""
-
-    def __init__(self, name, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-        then = self.then
-
-        def exec_then(module):
-            exec_module(module)
-            then(module)
-
-        spec.loader.exec_module = exec_then
-        return spec
 
 
 class MemorySampler:
@@ -135,12 +108,8 @@ class MemorySampler:
 
 
 PERF_SAMPLER = None
-if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
-    _run_pp3_shim()
+_pp3 = _load_pp3_shim()
 if os.environ.get("FLASHNEXT_PERF_3090_KERNELS") == "1":
-    if _HUMMING in sys.modules:
-        _no_humming_preference(sys.modules[_HUMMING])
-    else:
-        sys.meta_path.insert(0, _AfterImport(_HUMMING, _no_humming_preference))
+    _pp3.after_import(_HUMMING, _no_humming_preference)
 if os.environ.get("FLASHNEXT_PERF_MEMORY") == "1":
     PERF_SAMPLER = MemorySampler()

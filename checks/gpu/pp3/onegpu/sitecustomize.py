@@ -56,12 +56,15 @@ def _patch_or_say(module):
         print(f"flashnext pp3 shim: not applied: {exc!r}", flush=True)
 
 
-class _PatchOnImport:
-    """A meta path finder for vllm.config.parallel alone: the module is found and
-    loaded as usual, then patched before anyone can use it."""
+class AfterImport:
+    """A meta path finder for one module: it is found and loaded as usual, then
+    `then(module)` runs before anyone can use it."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != _TARGET:
+        if name != self.name:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -76,17 +79,25 @@ class _PatchOnImport:
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return spec
+        then = self.then
 
-        def exec_then_patch(module):
+        def exec_then(module):
             exec_module(module)
-            _patch_or_say(module)
+            then(module)
 
-        loader.exec_module = exec_then_patch  # this spec's own loader instance
+        loader.exec_module = exec_then  # this spec's own loader instance
         return spec
 
 
-if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
-    if _TARGET in sys.modules:
-        _patch_or_say(sys.modules[_TARGET])
+def after_import(name, then):
+    """`then(module)` now if `name` is imported already, else as soon as it is.
+    The perf shim (checks/gpu/perf/onegpu_perf/sitecustomize.py) hooks its own
+    module through this one."""
+    if name in sys.modules:
+        then(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _PatchOnImport())
+        sys.meta_path.insert(0, AfterImport(name, then))
+
+
+if os.environ.get("FLASHNEXT_PP_ONE_GPU") == "1":
+    after_import(_TARGET, _patch_or_say)
