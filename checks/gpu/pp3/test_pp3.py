@@ -23,13 +23,32 @@ COMMON = PP3.parent / "common"
 sys.path.insert(0, str(PP3))
 
 import orchestrate  # noqa: E402
+from tiny_plan import vllm_python  # noqa: E402  (checks/gpu/common, on the path by orchestrate)
 
 
-def vllm_python() -> str:
-    py = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not py:
-        pytest.skip("FLASHNEXT_VLLM_PY is not set (checks/run sets it to the pinned vLLM env)")
-    return py
+def script_line(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """A script's last line of output in the pinned vLLM env on CPU (vLLM may
+    log on stdout before it); the script must succeed."""
+    env = (os.environ if env is None else env) | {"VLLM_TARGET_DEVICE": "cpu"}
+    out = subprocess.run(
+        [vllm_python(), "-c", script, *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def script_json(script: str, *args: str):
+    return json.loads(script_line(script, *args))
+
+
+def shim_line(script: str, switch: str | None) -> str:
+    """script_line with only the one-GPU shim on PYTHONPATH, switched on or not."""
+    unset = ("FLASHNEXT_PP_ONE_GPU", "NCCL_HOSTID")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PYTHONPATH"] = str(PP3 / "onegpu")
+    if switch:
+        env["FLASHNEXT_PP_ONE_GPU"] = switch
+    return script_line(script, env=env)
 
 
 SHIM_PROBE = """
@@ -44,15 +63,7 @@ print(config.get_local_gpu_index(2), os.environ.get("NCCL_HOSTID"))
     ("switch", "expected"), [(None, "2 None"), ("1", "0 flashnext-onegpu-rank2")]
 )
 def test_the_one_gpu_shim_acts_only_when_asked(switch, expected):
-    env = {k: v for k, v in os.environ.items() if k not in ("FLASHNEXT_PP_ONE_GPU", "NCCL_HOSTID")}
-    env |= {"PYTHONPATH": str(PP3 / "onegpu"), "VLLM_TARGET_DEVICE": "cpu"}
-    if switch:
-        env["FLASHNEXT_PP_ONE_GPU"] = switch
-    out = subprocess.run(
-        [vllm_python(), "-c", SHIM_PROBE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == expected
+    assert shim_line(SHIM_PROBE, switch) == expected
 
 
 # The launcher's `vllm serve` names no executor backend: on one CUDA GPU, vLLM
@@ -84,15 +95,7 @@ print(pp3, "|", ParallelConfig().distributed_executor_backend)
     ],
 )
 def test_the_shim_picks_mp_when_serve_names_no_backend(switch, expected):
-    env = {k: v for k, v in os.environ.items() if k != "FLASHNEXT_PP_ONE_GPU"}
-    env |= {"PYTHONPATH": str(PP3 / "onegpu"), "VLLM_TARGET_DEVICE": "cpu"}
-    if switch:
-        env["FLASHNEXT_PP_ONE_GPU"] = switch
-    out = subprocess.run(
-        [vllm_python(), "-c", BACKEND_PROBE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == expected
+    assert shim_line(BACKEND_PROBE, switch) == expected
 
 
 def test_the_shim_imports_nothing_of_vllm_itself():
@@ -139,12 +142,7 @@ print(json.dumps(compare_runs(root / "ref.out.json", root / "other.out.json")))
 
 
 def test_the_comparison_matches_tokens_across_ranks_and_orders(tmp_path):
-    out = subprocess.run(
-        [vllm_python(), "-c", CAPTURES, str(tmp_path), str(COMMON)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    case = json.loads(out.stdout)["cases"]["10x1"]
+    case = script_json(CAPTURES, str(tmp_path), str(COMMON))["cases"]["10x1"]
     layer0, layer1 = case["points"]["layer.0.out"], case["points"]["layer.1.out"]
     # position 9 appears twice in the other run: dropped from the comparison
     assert layer0["tokens"] == 9 and layer0["only_ref"] == 1
@@ -183,12 +181,7 @@ print(json.dumps({"calls": len(calls), "same": first == again,
 
 
 def test_a_later_call_takes_a_comparison_from_the_cache_until_an_engine_runs_anew(tmp_path):
-    out = subprocess.run(
-        [vllm_python(), "-c", CACHED, str(tmp_path), str(COMMON), str(PP3), CAPTURES],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(CACHED, str(tmp_path), str(COMMON), str(PP3), CAPTURES)
     assert result == {"calls": 2, "same": True, "ids_equal": [True, False]}
 
 
@@ -337,11 +330,7 @@ print(json.dumps({"points": points, "verdict": judge(points),
 
 
 def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_later(tmp_path):
-    out = subprocess.run(
-        [vllm_python(), "-c", BOUNDARY, str(COMMON)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(BOUNDARY, str(COMMON))
     block = result["points"]["layer.1.block_input"]
     assert block["first_parting_position"] == 5 and block["clean_row_max_rel"] < 0.05
     gdn = result["points"]["layer.1.gdn"]
@@ -376,11 +365,7 @@ print(json.dumps({"kept": int(a["layer.0.out"][0].numel()),
 
 
 def test_a_thinned_capture_still_finds_where_rows_it_left_out_part(tmp_path):
-    out = subprocess.run(
-        [vllm_python(), "-c", THINNED, str(COMMON)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(THINNED, str(COMMON))
     assert result["kept"] == 5  # positions 0, 8, 16, 24, 32
     assert result["parted"]["max_rel"] == 0.0  # the kept rows are equal ...
     assert result["parted"]["first_parting_position"] == 13  # ... the left-out row 13 is not
@@ -414,12 +399,7 @@ print(json.dumps({"kept": kept, "left_out": left_out, "autotune": saved["autotun
 
 
 def test_a_decode_step_and_vllms_placeholder_modules_do_not_stop_the_capture(tmp_path):
-    out = subprocess.run(
-        [vllm_python(), "-c", DECODE_AND_PLACEHOLDERS, str(COMMON), str(tmp_path / "cap")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(DECODE_AND_PLACEHOLDERS, str(COMMON), str(tmp_path / "cap"))
     assert result == {
         "kept": 1,
         "left_out": [0, 1],
@@ -465,12 +445,7 @@ print(json.dumps({"found": found, "pinned": pinned, "configs": len(tuner.configs
 def test_the_capture_finds_an_autotuner_under_triton_heuristics_and_pins_it(tmp_path):
     kernel = tmp_path / "tuned_kernel.py"
     kernel.write_text(TUNED_KERNEL)
-    out = subprocess.run(
-        [vllm_python(), "-c", FIND_TUNED, str(COMMON), str(kernel)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(FIND_TUNED, str(COMMON), str(kernel))
     name = "vllm._flashnext_test_tuned.kernel"
     assert list(result["found"]) == [name]
     ((key, config),) = result["found"][name].items()
@@ -517,11 +492,7 @@ print(json.dumps({"pos": a[0].tolist(), "ids": a[1].tolist(), "rows": a[2].tolis
 
 
 def test_mtp_verify_rows_carry_their_steps_gdn_metadata_and_compare_by_field():
-    out = subprocess.run(
-        [vllm_python(), "-c", SPEC_ROWS, str(COMMON)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = script_json(SPEC_ROWS, str(COMMON))
     assert result["pos"] == [104, 105, 106, 107] and result["ids"] == [504, 505, 506, 507]
     # prefills, decodes, spec decodes, tokens, sequence length, offset in it, accepted
     assert result["rows"] == [
@@ -629,11 +600,7 @@ print(json.dumps({
 
 
 def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_decode_rows():
-    out = subprocess.run(
-        [vllm_python(), "-c", SCHEDULES, str(COMMON)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = script_json(SCHEDULES, str(COMMON))
     # B's rows 10-13 ran as one run [10, 14) in a 4-token step at PP=3 and in a
     # 5-token step (beside A's decode) at PP=1: the first row in another context is 10.
     assert r["schedule"]["first_context_parting"] == 10
