@@ -218,14 +218,21 @@ def _tuners() -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
+ONLY_CONFIG = "only config"
+
+
 def autotune_choices() -> dict[str, dict[str, str]]:
     """The config each autotuner chose per key (its `cache`), for those that
-    have tuned: {module.kernel: {key: config}}."""
-    return {
-        name: {str(k): str(v) for k, v in tuner.cache.items()}
-        for name, tuner in _tuners().items()
-        if tuner.cache
-    }
+    have tuned: {module.kernel: {key: config}}. One left with a single
+    config (pinned, or written so) never fills its cache: it reports that
+    config under ONLY_CONFIG, so two pinned engines' records compare."""
+    found = {}
+    for name, tuner in _tuners().items():
+        if tuner.cache:
+            found[name] = {str(k): str(v) for k, v in tuner.cache.items()}
+        elif len(tuner.configs) == 1:
+            found[name] = {ONLY_CONFIG: str(tuner.configs[0])}
+    return found
 
 
 def pin_autotune(worker) -> dict[str, str]:

@@ -11,9 +11,10 @@ padded row). Per point: max and mean relative difference,
 
 The verdict (`judge`) holds each point to bf16 rounding on its clean rows:
 those before the first position where the layer's input (the previous
-layer's materialized output) parts, so a layer is judged only where both
-engines fed it the same tokens; what a parting does downstream is not
-judged again. Where a spread is given (two runs of the reference engine),
+layer's materialized output) parts, and for the MoE and the layer's output
+also before the layer's mixer (GDN or QSA) or MoE parts, so a point is
+judged only where both engines fed it the same tokens; what a parting does
+downstream is not judged again. Where a spread is given (two runs of the reference engine),
 a point's rows from the position where the reference parts from itself on
 may differ up to SPREAD_MARGIN times that spread: past the QSA indexer's
 budget the selection is tie-sensitive, and the reference disagrees with
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 POINT_ORDER = ("in", "mix", "mix_fused", "block_input", "ple", "gdn", "qsa", "moe", "out")
+# The points within a layer whose output the layer's later points take in.
+INSIDE_INPUTS = ("gdn", "qsa", "moe")
 
 # Per row: |a - b| / mean|a|. One bf16 ulp is 2^-8 relative; a row's mean
 # difference above that, or its largest element off by 16 ulps of the row's
@@ -191,7 +194,9 @@ def parting_cause(
     """Why the first parting on an identical input happened, as far as the
     record tells: `schedule` (the row, or one before it, ran in another chunk
     or step), else `autotune` (a Triton autotuner chose another config),
-    else `unexplained`; None when nothing parts."""
+    else `spread` (at or past where the reference parts from itself at this
+    point: QSA's tie-sensitive selection past the indexer budget), else
+    `unexplained`; None when nothing parts."""
     found = first_parting(points)
     if found is None:
         return None
@@ -201,6 +206,8 @@ def parting_cause(
         cause = "schedule"
     elif autotune.get("differ"):
         cause = "autotune"
+    elif (loose := points[name].get("loose_from")) is not None and loose <= at:
+        cause = "spread"
     elif not schedule.get("recorded") or not autotune.get("recorded"):
         cause = "not recorded"
     else:
@@ -304,18 +311,27 @@ def compare_case(
 ) -> dict[str, dict]:
     """Every point both hold, in layer order; each judged on the rows before
     its input's first parting (the previous layer's `out`; `final` after the
-    last layer's). spread: the reference's points against itself."""
+    last layer's). Within a layer the MoE takes the mixer's (GDN or QSA)
+    output and `out` the MoE's, so they are judged only before those part:
+    an offloaded QSA's rounding (e1, e3's A/B) changes the MoE's router
+    input, and a flipped expert is what routing does with it, not a fault of
+    the MoE. spread: the reference's points against itself."""
     points: dict[str, dict] = {}
     # layer -> first parting of what the next layers get: its out, and at a
     # layer that starts a rank in one engine only, the block input it mixes.
     parted_at: dict[float, int | None] = {}
+    # layer -> first partings of its mixer and MoE, the inputs of what follows.
+    inside: dict[int, list[int]] = {}
     names = {n for n in set(ca) & set(cb) if "#" not in n}
     kinds = row_kinds(ca.get(STEPS), prompt_len) if prompt_len is not None else None
     for name in sorted(names | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
-        if name.split(".")[-1] in ("ple", "gdn", "qsa", "moe", "out"):
+        tag = name.split(".")[-1]
+        if tag in ("ple", "gdn", "qsa", "moe", "out"):
             inputs += [p for l_, p in parted_at.items() if l_ == layer + 0.5]
+        if tag in ("moe", "out"):
+            inputs += inside.get(layer, [])
         firsts = [p for p in inputs if p is not None]
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
@@ -328,6 +344,9 @@ def compare_case(
         if unseen is not None and (seen is None or unseen < seen):
             points[name]["first_parting_position"] = unseen
             points[name]["first_parting_unkept"] = True
+        first = points[name].get("first_parting_position")
+        if tag in INSIDE_INPUTS and layer is not None and first is not None:
+            inside.setdefault(layer, []).append(first)
         if name.endswith(".out") and layer is not None:
             parted_at[layer] = points[name].get("first_parting_position")
         if name.endswith(".block_input"):

@@ -340,6 +340,44 @@ def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_l
     assert result["wrong"]["first_layer_over_bound"] == "layer.1.gdn"
 
 
+INSIDE = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import compare_case, judge
+pos, ids = torch.arange(10), torch.arange(100, 110)
+rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(2))
+def point(x):
+    return (pos, ids, x)
+rounded = rows.clone()
+rounded[5:, 0] = rounded[5:, 0] * (1 + 2**-8)  # an offloaded QSA's rounding
+routed = rows.clone()
+routed[5:] += 1.0                              # another expert chosen from it
+early = rows.clone()
+early[2] += 1.0                                # an MoE fault on identical input
+ref = {"layer.2.out": point(rows), "layer.3.qsa": point(rows),
+       "layer.3.moe": point(rows), "layer.3.out": point(rows)}
+def other(moe, out):
+    return {"layer.2.out": point(rows), "layer.3.qsa": point(rounded),
+            "layer.3.moe": point(moe), "layer.3.out": point(out)}
+flipped = compare_case(ref, other(routed, routed))
+fault = compare_case(ref, other(early, early))
+print(json.dumps({"flipped": flipped, "flipped_verdict": judge(flipped),
+                  "fault_verdict": judge(fault)}))
+"""
+
+
+def test_the_moe_is_judged_only_where_the_mixer_fed_it_the_same_rows():
+    result = script_json(INSIDE, str(COMMON))
+    flipped = result["flipped"]
+    # The QSA output rounds differently from row 5: the MoE is judged before it.
+    assert flipped["layer.3.qsa"]["first_parting_position"] == 5
+    assert flipped["layer.3.moe"]["clean_before"] == 5
+    assert flipped["layer.3.out"]["clean_before"] == 5
+    assert result["flipped_verdict"]["equal"] is True
+    # A MoE that parts on rows whose input agreed is still caught.
+    assert result["fault_verdict"]["first_layer_over_bound"] == "layer.3.moe"
+
+
 THINNED = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
@@ -452,7 +490,9 @@ def test_the_capture_finds_an_autotuner_under_triton_heuristics_and_pins_it(tmp_
     assert key == "(8,)" and "BV: 64" in config and "num_warps: 4" in config
     # Pinned: one config left (Triton then runs it untimed), the timed choice forgotten.
     assert "BV: 32" in result["pinned"][name] and "num_warps: 2" in result["pinned"][name]
-    assert (result["configs"], result["cache"], result["after"]) == (1, 0, {})
+    assert (result["configs"], result["cache"]) == (1, 0)
+    # What a pinned engine's dump then records: the one config, comparable.
+    assert result["after"] == {name: {"only config": result["pinned"][name]}}
 
 
 def test_the_pinned_pair_pins_both_sides_and_is_compared():
@@ -581,6 +621,8 @@ one = {"layer.0.gdn": point(), STEPS: pp1}
 other = {"layer.0.gdn": point(5), STEPS: pp1}
 points_same_schedule = compare_case(one, other, prompt_len=14)
 sched_same = schedule_parting(pp1, pp1)
+def ref_parts(at):  # the reference against itself parts at layer 0's GDN from `at`
+    return {"layer.0.gdn": {"first_parting_position": at}}
 # MTP verify pairs past the prompt: (p, sampled) then (p + 1, draft).
 verify = steps(req(A, 0, 12, 1) + [(7, 12, 2), (70, 13, 2)])
 capture_a = [{"autotune": {"k.o": {"(4, 64)": "BK: 32"}}}, {"autotune": {"k.h": {"x": "BV: 32"}}}]
@@ -592,6 +634,8 @@ print(json.dumps({
     "same_schedule": sched_same,
     "tuned_cause": parting_cause(points_same_schedule, sched_same, tuned),
     "unexplained": parting_cause(points_same_schedule, sched_same, same),
+    "spread": [parting_cause(compare_case(one, other, ref_parts(f), 14), sched_same, same)
+               for f in (3, 9)],
     "kinds": sorted(set(row_kinds(verify, 12).items())),
     "autotune": autotune_difference(capture_a, capture_b),
     "unrecorded": autotune_difference(None, capture_b),
@@ -609,6 +653,9 @@ def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_de
     assert r["same_schedule"]["first_context_parting"] is None
     assert r["tuned_cause"]["cause"] == "autotune" and r["tuned_cause"]["position"] == 5
     assert r["unexplained"]["cause"] == "unexplained"
+    # Past where the reference parts from itself (spread from 3): `spread`;
+    # before it (spread from 9), still unexplained.
+    assert [c["cause"] for c in r["spread"]] == ["spread", "unexplained"]
     kinds = dict((tuple(k), v) for k, v in r["kinds"])
     assert kinds[(12, 7)] == "decode" and kinds[(13, 70)] == "draft"
     assert kinds[(0, 1000)] == "prompt" and sum(v == "prompt" for v in kinds.values()) == 12
