@@ -110,6 +110,8 @@ def build(
         "boundary_shift_caught": caught(verdicts, "boundary_shift"),
     }
     pp3["spread"] = runs_of(verdicts, "spread", "eager-vram run to run", "eager")
+    profile = "graphs-offload-mtp run to run"
+    pp3["spread_profile"] = runs_of(verdicts, "spread-profile", profile, "full_decode_only")
     pinned = "eager-vram, every autotuner on its first config"
     pp3["pinned"] = runs_of(verdicts, "pp3-eager-vram-pinned", pinned, "eager")
     pp3["serve"] = serve_block(serve)

@@ -172,6 +172,9 @@ def equality_engines() -> list[Engine]:
     # The reference against itself, its cases in the other order (other KV
     # blocks for the same prompt): the spread past the indexer budget.
     engines.append(mode_engine(f"pp1-{EAGER.name}-again", EAGER, 1, cases=EQUALITY_CASES[::-1]))
+    # The same in the profile's mode: do PP=1's own MTP draft rows part at
+    # batch 4 (e2, e3: PP=3's do, by 0.7 of a row, on equal GDN metadata)?
+    engines.append(mode_engine(f"pp1-{PROFILE.name}-again", PROFILE, 1, cases=EQUALITY_CASES[::-1]))
     # Both sides with every autotuner on one config: what parts them then is
     # not a config timed differently on a shared GPU.
     for pp in (1, 3):
@@ -192,6 +195,12 @@ def equality_engines() -> list[Engine]:
 # (name, reference, engine, what it is): every comparison of the phase.
 EQUALITY_PAIRS = (
     ("spread", f"pp1-{EAGER.name}", f"pp1-{EAGER.name}-again", "reference run to run"),
+    (
+        "spread-profile",
+        f"pp1-{PROFILE.name}",
+        f"pp1-{PROFILE.name}-again",
+        "reference run to run, the profile's mode (MTP draft rows)",
+    ),
     *(
         (f"pp3-{m.name}", f"pp1-{m.name}", f"pp3-{m.name}", f"PP=3 vs PP=1, {m.name}")
         for m in EQUALITY_MODES
@@ -447,7 +456,7 @@ def judge_all(comparisons: dict[str, Any]) -> dict[str, dict[str, Any]]:
     verdicts: dict[str, dict[str, Any]] = {}
     for key, result in comparisons.items():
         verdicts[key] = {
-            case: judge(entry["points"], None if key == "spread" else bounds)
+            case: judge(entry["points"], None if key.startswith("spread") else bounds)
             | {"ids_equal": entry["ids_equal"], "cause": entry.get("cause")}
             for case, entry in result["cases"].items()
         }

@@ -238,6 +238,7 @@ def test_contract_reports_each_mode_case_and_where_the_sensitivity_runs_were_cau
         # Caught, but one layer late in one case: not where it acts.
         "drop_one_token": {"100x1": _verdict("layer.3.qsa"), "3000x1": _verdict("layer.3.moe")},
         "ab-offload": {"100x1": _verdict(None)},
+        "spread-profile": {"20000x4": _verdict("layer.0.gdn")},
     }
     block = {"health": True, "smoke": True, "bench_c1_tok_s": 10.0, "bench_c4_tok_s": 30.0}
     serve = {"serve": block | {"clean_stop": True, "mtp_acceptance": 0.5}}
@@ -252,6 +253,10 @@ def test_contract_reports_each_mode_case_and_where_the_sensitivity_runs_were_cau
     assert pp3["sensitivity"] == {"drop_one_token_caught": False, "boundary_shift_caught": True}
     assert pp3["serve"]["bench_c4_tok_s"] == 30.0 and pp3["serve"]["mtp_acceptance"] == 0.5
     assert ab["pp_size"] == 1 and [r["mode"] for r in ab["runs"]] == ["QSA K/V offloaded vs VRAM"]
+    # PP=1 against itself in the profile's mode: its own draft rows' parting.
+    ((profile,),) = [pp3["spread_profile"]]
+    assert (profile["graphs"], profile["batch"]) == ("full_decode_only", 4)
+    assert profile["first_layer_over_bound"] == "layer.0.gdn" and pp3["spread"] == []
 
 
 def test_contract_refuses_a_serve_result_without_the_serve_block(tmp_path):
