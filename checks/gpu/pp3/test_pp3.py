@@ -345,6 +345,31 @@ def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_l
     assert result["wrong"]["first_layer_over_bound"] == "layer.1.gdn"
 
 
+ONE_ULP = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import compare_point, judge
+g = torch.Generator().manual_seed(4)
+rows = (torch.randn(64, 256, generator=g) * 3).bfloat16()
+def ulps(n):  # every element n bf16 ulps away from zero, as another order rounds
+    bits = rows.view(torch.int16)
+    return (bits + n).view(torch.bfloat16)
+pos, ids = torch.arange(64), torch.arange(64) + 100
+def verdict(n):
+    point = compare_point((pos, ids, rows.float()), (pos, ids, ulps(n).float()))
+    return judge({"layer.3.qsa": point}) | {"row_mean": point["clean_row_mean_rel"]}
+print(json.dumps({"one": verdict(1), "two": verdict(2)}))
+"""
+
+
+def test_rounding_is_every_element_one_bf16_ulp_off_and_two_is_not():
+    result = script_json(ONE_ULP, str(COMMON))
+    assert result["one"]["equal"] is True
+    # One ulp is 2^-8 to 2^-7 of a value: the old 2^-8 bound called it a fault.
+    assert 2**-8 < result["one"]["row_mean"] <= 2**-7
+    assert result["two"]["first_layer_over_bound"] == "layer.3.qsa"
+
+
 INSIDE = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
