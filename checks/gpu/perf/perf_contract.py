@@ -62,11 +62,34 @@ def runs_of(raws: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return runs
 
 
+def window_complete(case: dict[str, Any]) -> bool:
+    """A case whose timed decode window finished: ok, or failed after it (in the
+    profile window: `profile_failed`, or a raw of p1, written before `stage` was
+    recorded, with the window's `ranks` and `decode_tok_s` set). Its window's
+    figures stand; what the profile would have given stays null."""
+    if case.get("ok"):
+        return True
+    if case.get("stage") not in (None, "profile window"):
+        return False
+    return bool(case.get("ranks")) and case.get("decode_tok_s") is not None
+
+
 def _decode_case(raw: dict[str, Any] | None, concurrency: int) -> dict[str, Any] | None:
     for case in (raw or {}).get("cases", []):
-        if case["kind"] == "decode" and case["concurrency"] == concurrency and case.get("ok"):
+        wanted = case["kind"] == "decode" and case["concurrency"] == concurrency
+        if wanted and window_complete(case):
             return case
     return None
+
+
+def failed_cases(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """An engine's failed cases: where each died and whether its decode window is used."""
+    keys = ("kind", "concurrency", "prompt_tokens", "stage", "error")
+    return [
+        {k: c.get(k) for k in keys} | {"window_kept": c["kind"] == "decode" and window_complete(c)}
+        for c in raw.get("cases", [])
+        if c.get("ok") is False
+    ]
 
 
 def _peak(memory: list[dict[str, Any]] | None, rank: int, phase: str) -> int | None:
@@ -107,7 +130,10 @@ def rank_rows(
             cpu = w.get("execute_wall_ms")
             if cpu is not None and (w.get("sample_tokens") or {}).get("wall_us_median"):
                 cpu += w["sample_tokens"]["wall_us_median"] / 1e3
-            ple = (w.get("ple_gather") or {}).get("wall_us_per_step")
+            # The host gather proper (HostRowGather._select). The whole gather() call,
+            # which first waits for the step's ids from the GPU (on rank 0 at c=1 the
+            # pipeline's previous step), is `ple_gather` in the raw file, not here.
+            ple = (w.get("ple_select") or {}).get("wall_us_per_step")
             if case and ple is None and rank not in plan["ple_ranks"]:
                 ple = 0.0
             row = {
@@ -176,6 +202,9 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
             "gpu_busy_ms": "torch.profiler: the rank's kernels' device time / profiled steps",
             "cpu_ms": "median wall time of the rank's execute_model (+ sample_tokens), "
             "entry to return",
+            "ple_gather_us": "patch 0012's HostRowGather._select (the host row gather, its "
+            "page faults) per decode step; the whole gather() call, which also waits for the "
+            "step's ids from the GPU and copies them, is ple_gather in the raw file",
             "start_peak_bytes": "NVML, this process's used memory, peak before serving",
             "planned_bytes": "the 3x3090 plan's committed bytes per rank",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
@@ -190,6 +219,7 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
                 "overrides": r.get("spec", {}).get("overrides"),
                 "gate": r.get("gate"),
                 "max_model_len": r.get("max_model_len"),
+                "failed_cases": failed_cases(r),
             }
             for name, r in raws.items()
         },  # fmt: skip

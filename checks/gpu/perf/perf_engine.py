@@ -14,7 +14,9 @@ Cases: `decode` at concurrency c (prompts of 3,000 token ids): a generate of
 one new token (its time: TTFT), one of 1 + 64 (decode tok/s = c x 64 / the
 difference), each rank's steps recorded in a window (step_probe.window_*),
 then one of 1 + 16 under torch.profiler (each rank's kernels). `ttft`: one
-prompt, one new token. Writes OUT.json after every case.
+prompt, one new token. Writes OUT.json after every case. A case that fails
+records its `stage` and keeps what it measured; the engine stops there and
+makes no further collective_rpc (a dead worker takes the executor with it).
 """
 
 from __future__ import annotations
@@ -53,6 +55,32 @@ def prompts(n: int, tokens: int, token_range: list[int], seed: int) -> list[list
     rng = random.Random(seed)
     lo, hi = token_range
     return [[rng.randrange(lo, hi) for _ in range(tokens)] for _ in range(n)]
+
+
+def failed_case(stage: str, exc: BaseException) -> dict[str, Any]:
+    """The fields a case gets when it dies in `stage` (ttft, decode window, profile
+    window). Dying in the profile window leaves the timed decode window's figures
+    (ttft_s, generate_s, decode_tok_s, ranks) whole: `profile_failed` says so."""
+    out = {"ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    if stage == "profile window":
+        out["profile_failed"] = True
+    return out
+
+
+def outcome(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's ok and error from its cases. After a failed case the executor
+    may be gone (a dead worker): no further collective_rpc, so the serving-memory
+    record is skipped and the case's error stays the engine's."""
+    failed = next((c for c in cases if c.get("ok") is False), None)
+    if failed is None:
+        return {"ok": all(c.get("ok") or c.get("skipped") for c in cases)}
+    where = f"{failed['kind']} c={failed['concurrency']} {failed['prompt_tokens']} tokens"
+    return {
+        "ok": False,
+        "error": f"case {where} died in its {failed.get('stage')}: {failed.get('error')}",
+        "memory_serving": None,
+        "memory_serving_skipped": "a case failed (the executor may be gone): no collective_rpc",
+    }
 
 
 def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
@@ -94,6 +122,7 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
             save()
             continue
         batch = prompts(case["concurrency"], case["prompt_tokens"], tr, seed=100 + i)
+        stage = "ttft"
         try:
             if case["kind"] == "ttft":
                 llm.collective_rpc(step_probe.window_begin, args=(f"ttft{case['prompt_tokens']}",))
@@ -101,27 +130,30 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
             else:
                 rec["ttft_s"] = generate(batch, 1)
+                stage = "decode window"
                 name = f"decode-c{case['concurrency']}"
                 llm.collective_rpc(step_probe.window_begin, args=(name,))
                 rec["generate_s"] = generate(batch, 1 + case["new_tokens"])
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
                 span = rec["generate_s"] - rec["ttft_s"]
                 rec["decode_tok_s"] = case["concurrency"] * case["new_tokens"] / span
+                stage = "profile window"
                 llm.collective_rpc(step_probe.profile_begin)
                 generate(batch, 1 + case["profile_tokens"])
                 rec["profile"] = llm.collective_rpc(step_probe.profile_end)
             rec["ok"] = True
         except Exception as exc:  # noqa: BLE001 - the record says how the case died
-            rec["ok"] = False
-            rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            # What the case measured before it died stays in rec.
+            rec |= failed_case(stage, exc)
         result["cases"].append(rec)
         save()
-        shown = ("kind", "concurrency", "prompt_tokens", "ttft_s", "decode_tok_s", "ok")
+        shown = ("kind", "concurrency", "prompt_tokens", "ttft_s", "decode_tok_s", "ok", "stage")
         print(f"perf_engine {spec['engine']}: {json.dumps({k: rec.get(k) for k in shown})}")
         if not rec["ok"]:
             break
-    result["memory_serving"] = llm.collective_rpc(step_probe.memory, args=("end",))
-    result["ok"] = all(c.get("ok") or c.get("skipped") for c in result["cases"])
+    result |= outcome(result["cases"])
+    if "memory_serving_skipped" not in result:
+        result["memory_serving"] = llm.collective_rpc(step_probe.memory, args=("end",))
     save()
     return result
 

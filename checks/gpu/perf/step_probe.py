@@ -15,8 +15,13 @@ so decode work is timed from outside):
   the stream reaches the step to its end, so on ranks 1 and 2 it includes
   the wait for the previous rank's tensors);
 - the PP group's `isend_tensor_dict` / `irecv_tensor_dict`: CPU time;
-- the mapped PLE table's host gather (patch 0012 `HostRowGather.gather`,
-  called before forward by 0013): wall time and bytes (rows x row bytes);
+- the mapped PLE table's host gather (patch 0012's `HostRowGather`, called
+  before forward by 0013): the whole `gather` call (`ple_gather`: it first
+  waits for the step's ids from the GPU, on rank 0 at c=1 the whole
+  pipeline's previous step, then selects, then copies to the device) and its
+  `_select` alone (`ple_select`: the host row gather proper, where the
+  mapping's page faults happen), each with wall time and bytes (rows x row
+  bytes);
 - the MTP drafter's `propose` (the V2 runner's `speculator`): wall time and
   CUDA events (the draft step's cost on the last rank).
 A step is a decode step when no request is new and none is scheduled more
@@ -100,35 +105,46 @@ def install(self) -> dict[str, Any]:
     if speculator is not None and hasattr(speculator, "propose"):
         _wrap_timed(speculator, "propose", "mtp_propose", True)
         wrapped["mtp_propose"] = type(speculator).__name__
-    wrapped["ple_gather"] = _wrap_ple_gather()
+    wrapped.update(_wrap_ple_gather())
     _STATE["installed"] = wrapped
     return wrapped
 
 
-def _wrap_ple_gather() -> bool:
-    """Patch 0012's host gather of the mapped table (absent on stock or without PLE)."""
+def _row_bytes(rows: int, buffer) -> int:
+    return int(rows) * buffer.shape[-1] * buffer.element_size()
+
+
+def _wrap_ple_gather() -> dict[str, bool]:
+    """Patch 0012's host gather of the mapped table (absent on stock or without PLE):
+    `gather` whole (`ple_gather`) and its `_select` (`ple_select`), the host row
+    gather without gather's wait for the step's ids and its copy to the device."""
     try:
         from vllm.models.qwen4_exp.common import ple_mmap
     except ImportError:
-        return False
+        return {"ple_gather": False, "ple_select": False}
     cls = getattr(ple_mmap, "HostRowGather", None)
     if cls is None or getattr(cls, "_perf_wrapped", False):
-        return cls is not None
-    inner = cls.gather
+        return {"ple_gather": cls is not None, "ple_select": cls is not None}
+    inner_gather, inner_select = cls.gather, cls._select
 
     def gather(gather_self, ids):
         t0 = _now()
-        n = inner(gather_self, ids)
-        staging = gather_self.staging
-        _STATE["records"].append(
-            {"kind": "ple_gather", "wall_us": (_now() - t0) * 1e6,
-             "bytes": int(n) * staging.shape[-1] * staging.element_size()}
-        )  # fmt: skip
+        n = inner_gather(gather_self, ids)
+        wall_us = (_now() - t0) * 1e6
+        bytes_ = _row_bytes(n, gather_self.staging)
+        _STATE["records"].append({"kind": "ple_gather", "wall_us": wall_us, "bytes": bytes_})
         return n
 
-    cls.gather = gather
+    def select(gather_self, ids, out):
+        t0 = _now()
+        inner_select(gather_self, ids, out)
+        wall_us = (_now() - t0) * 1e6
+        bytes_ = _row_bytes(ids.numel(), out)
+        _STATE["records"].append({"kind": "ple_select", "wall_us": wall_us, "bytes": bytes_})
+
+    cls.gather, cls._select = gather, select
     cls._perf_wrapped = True
-    return True
+    return {"ple_gather": True, "ple_select": True}
 
 
 def window_begin(self, name: str) -> None:
@@ -155,24 +171,34 @@ def window_end(self) -> dict[str, Any]:
         ev = rec.pop("ev", None)
         if ev is not None:
             rec["gpu_us"] = ev[0].elapsed_time(ev[1]) * 1e3
+    _STATE["window"] = None
+    return summarize(records, window["name"], _STATE["installed"]["rank"], wall_s)
+
+
+# The kinds summarised per window besides execute_model (the step itself).
+WINDOW_KINDS = ("sample_tokens", "pp_send", "pp_recv", "ple_gather", "ple_select", "mtp_propose")
+
+
+def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s: float):
+    """A window's summary from its records (CUDA events already resolved to gpu_us)."""
     steps = [r for r in records if r["kind"] == "execute_model" and r.get("tokens")]
     decode = [r for r in steps if r.get("decode")]
     out: dict[str, Any] = {
-        "window": window["name"],
-        "rank": _STATE["installed"]["rank"],
+        "window": name,
+        "rank": rank,
         "wall_s": wall_s,
         "steps": len(steps),
         "decode_steps": len(decode),
         "decode_rows": sorted({r["tokens"] for r in decode}),
         "step_period_ms": wall_s * 1e3 / len(steps) if steps else None,
         "execute_wall_ms": _median([r["wall_us"] / 1e3 for r in decode]),
-        "execute_gpu_span_ms": _median([r["gpu_us"] / 1e3 for r in decode]),
+        "execute_gpu_span_ms": _median([r["gpu_us"] / 1e3 for r in decode if "gpu_us" in r]),
     }
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
         by_kind.setdefault(rec["kind"], []).append(rec)
     n_decode = max(len(decode), 1)
-    for kind in ("sample_tokens", "pp_send", "pp_recv", "ple_gather", "mtp_propose"):
+    for kind in WINDOW_KINDS:
         recs = by_kind.get(kind, [])
         out[kind] = {
             "calls": len(recs),
@@ -181,7 +207,6 @@ def window_end(self) -> dict[str, Any]:
             "gpu_us_median": _median([r["gpu_us"] for r in recs if "gpu_us" in r]),
             "bytes": sum(r.get("bytes", 0) for r in recs),
         }
-    _STATE["window"] = None
     return out
 
 

@@ -19,11 +19,17 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
 import perf_contract  # noqa: E402
+import perf_engine  # noqa: E402
 import plan_settings  # noqa: E402
 import pp3_perf  # noqa: E402
 import projection  # noqa: E402
+import step_probe  # noqa: E402
 
-BANDWIDTH = HERE.parent / "results" / "hbm_bandwidth-h200-b1.json"
+RESULTS = HERE.parent / "results"
+BANDWIDTH = RESULTS / "hbm_bandwidth-h200-b1.json"
+# Run p1 (engine offload): c=4's worker died in its profile window (results, not made up).
+P1_RAW = RESULTS / "pp3_perf_raw-h200-p1-offload.json"
+P1_INPUTS = RESULTS / "pp3_perf_inputs-h200-p1.json"
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +230,132 @@ def test_the_perf_shim_patches_only_what_is_asked(switches, expected):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
 
 
+# The probe's PLE wrappers on patch 0012's real HostRowGather (CPU, a small table): the
+# select is timed apart from the whole gather, whose other parts (on a GPU: the wait for
+# the step's ids, the H2D copy) are made slow here by a 50 ms copy to the device rows.
+PLE_PROBE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+import step_probe
+from vllm.models.qwen4_exp.common.ple_mmap import HostRowGather
+
+step_probe._STATE["records"] = []
+wrapped = [step_probe._wrap_ple_gather(), step_probe._wrap_ple_gather()]
+table = torch.arange(64 * 8, dtype=torch.bfloat16).reshape(64, 8)
+g = HostRowGather(table, max_rows=16, device="cpu")
+rows = g.device_rows
+
+class SlowCopy:
+    def __getitem__(self, key):
+        target = rows[key]
+        class Target:
+            def copy_(self, src, non_blocking=False):
+                time.sleep(0.05)
+                return target.copy_(src)
+        return Target()
+
+g.device_rows = SlowCopy()
+ids = torch.tensor([5, 0, 63, 7, 7])
+n = g.gather(ids)
+print(json.dumps({"wrapped": wrapped, "n": n, "records": step_probe._STATE["records"],
+                  "rows_ok": bool(torch.equal(rows[:n], table[ids]))}))
+"""
+
+
+def test_probe_times_the_ple_select_apart_from_the_whole_gather():
+    python = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not python:
+        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([python, "-c", PLE_PROBE, str(HERE)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    both = {"ple_gather": True, "ple_select": True}
+    assert got["wrapped"] == [both, both] and got["n"] == 5 and got["rows_ok"]
+    # once each (wrapping twice does not nest), the select first: it runs inside gather
+    assert [r["kind"] for r in got["records"]] == ["ple_select", "ple_gather"]
+    select, gather = got["records"]
+    assert select["bytes"] == gather["bytes"] == 5 * 8 * 2  # rows x row bytes (bf16)
+    assert gather["wall_us"] >= 50_000 > select["wall_us"]
+
+
+def test_window_summary_has_the_whole_gather_and_its_select_apart():
+    # made up: 4 decode steps, each with a 27 ms gather() of which 0.3 ms is the select
+    steps = [{"kind": "execute_model", "tokens": 1, "decode": True, "wall_us": 30_000.0}] * 4
+    ple = [{"kind": "ple_gather", "wall_us": 27_000.0, "bytes": 3840},
+           {"kind": "ple_select", "wall_us": 300.0, "bytes": 3840}] * 4  # fmt: skip
+    out = step_probe.summarize(steps + ple, "decode-c1", 0, wall_s=0.16)
+    assert out["step_period_ms"] == pytest.approx(40.0) and out["decode_steps"] == 4
+    assert out["ple_gather"]["wall_us_per_step"] == pytest.approx(27_000.0)
+    assert out["ple_select"]["wall_us_per_step"] == pytest.approx(300.0)
+    assert out["ple_select"]["calls"] == 4 and out["ple_select"]["bytes"] == 4 * 3840
+    assert out["mtp_propose"] == {"calls": 0, "wall_us_median": None, "wall_us_per_step": 0.0,
+                                  "gpu_us_median": None, "bytes": 0}  # fmt: skip
+
+
+# --- a case that dies: its stage, its measured window, the engine's error -------
+
+
+def _p1_c4_without_its_outcome() -> dict:
+    """p1's c=4 case as the engine had it when its profile window died."""
+    case = json.loads(P1_RAW.read_text())["cases"][1]
+    assert case["kind"] == "decode" and case["concurrency"] == 4 and "profile" not in case
+    return {k: v for k, v in case.items() if k not in ("ok", "error")}
+
+
+def test_a_case_dying_in_its_profile_window_keeps_its_decode_and_is_the_engines_error():
+    raw = json.loads(P1_RAW.read_text())
+    c1 = raw["cases"][0]
+    c4 = _p1_c4_without_its_outcome()
+    c4 |= perf_engine.failed_case("profile window", RuntimeError("cancelled"))
+    assert c4["ok"] is False and c4["profile_failed"] is True and c4["stage"] == "profile window"
+    assert c4["decode_tok_s"] == raw["cases"][1]["decode_tok_s"] and len(c4["ranks"]) == 3
+    got = perf_engine.outcome([c1, c4])
+    assert got["ok"] is False and got["memory_serving"] is None and got["memory_serving_skipped"]
+    assert got["error"] == (
+        "case decode c=4 3000 tokens died in its profile window: RuntimeError: cancelled"
+    )
+    assert perf_contract.window_complete(c4)
+    # Dying before the window ended: no profile_failed, and the contract does not use it.
+    early = _p1_c4_without_its_outcome() | perf_engine.failed_case("decode window", OSError("x"))
+    assert "profile_failed" not in early and not perf_contract.window_complete(early)
+    assert "died in its decode window: OSError: x" in perf_engine.outcome([early])["error"]
+    # All ok (or skipped): the serving memory is read (no skip) and the engine is ok.
+    assert perf_engine.outcome([c1, {"kind": "ttft", "skipped": "too long"}]) == {"ok": True}
+
+
+def _contract_of(raw: dict) -> dict:
+    inputs = json.loads(P1_INPUTS.read_text())
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    return perf_contract.build("p1", inputs, {"offload": raw}, bandwidth)
+
+
+def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
+    raw = json.loads(P1_RAW.read_text())
+    doc = _contract_of(raw)
+    c4 = {r["rank"]: r for r in doc["ranks"] if r["batch"] == 4}
+    for rank, window in enumerate(raw["cases"][1]["ranks"]):
+        assert c4[rank]["step_ms"] == window["step_period_ms"]  # the measured window
+        assert c4[rank]["cpu_ms"] is not None and c4[rank]["hbm_bytes_per_step"] is not None
+        assert c4[rank]["gpu_busy_ms"] is None  # the profile died
+    assert [c["stage"] for c in doc["engines"]["offload"]["failed_cases"]] == [None]  # p1: no stage
+    assert doc["engines"]["offload"]["failed_cases"][0]["window_kept"] is True
+    assert doc["projection_3090"]["c1_tok_s"] is not None
+    assert doc["projection_3090"]["c4_tok_s"] is None  # needs every rank's GPU busy time
+    # p1 timed only the whole gather() call (mostly the wait for ids): no ple_gather_us
+    rank0 = [r for r in doc["ranks"] if r["rank"] == 0]
+    assert [r["ple_gather_us"] for r in rank0] == [None, None]
+    assert [r["ple_gather_us"] for r in doc["ranks"] if r["rank"] != 0] == [0.0] * 4
+    assert {"ranks[0].ple_gather_us", "ranks[3].ple_gather_us"} <= set(doc["missing"])
+    # The same case marked as dying before its window ended is not used.
+    raw["cases"][1]["stage"] = "decode window"
+    early = _contract_of(raw)
+    assert all(r["step_ms"] is None for r in early["ranks"] if r["batch"] == 4)
+    assert early["engines"]["offload"]["failed_cases"][0]["window_kept"] is False
+
+
 # --- projection: made-up inputs (a test fixture, not a result) ---------------
 
 FAKE_LINKS = projection.Links(h200_read_bytes_per_s=4e12, h200_h2d_bytes_per_s=50e9,
@@ -283,6 +415,8 @@ def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
     window = [{"rank": r, "decode_rows": [1], "step_period_ms": 30.0, "execute_wall_ms": 2.0,
                "sample_tokens": {"wall_us_median": 500.0 if r == n - 1 else None},
                "ple_gather": {"calls": 64 if r == 0 else 0,
+                              "wall_us_per_step": 25_000.0 if r == 0 else None},
+               "ple_select": {"calls": 64 if r == 0 else 0,
                               "wall_us_per_step": 40.0 if r == 0 else None},
                "mtp_propose": {"gpu_us_median": 3000.0 if mtp_k and r == n - 1 else None}}
               for r in range(n)]  # fmt: skip
@@ -314,6 +448,7 @@ def test_contract_has_exactly_the_issues_fields(inputs):
     row = doc["ranks"][0]
     assert row["planned_bytes"] == inputs["plans"]["0"]["ranks"][0]["committed_bytes"]
     assert row["cpu_ms"] == 2.0 and doc["ranks"][2]["cpu_ms"] == 2.5
+    # the host gather proper (_select), not the whole gather() call with its wait for ids
     assert row["ple_gather_us"] == 40.0 and doc["ranks"][1]["ple_gather_us"] == 0.0
     assert row["roofline_fraction"] == pytest.approx(
         row["hbm_bytes_per_step"] / 8e-3 / bandwidth["results"]["read"]["bytes_per_s"]
