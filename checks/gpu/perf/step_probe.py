@@ -247,18 +247,29 @@ def profile_end(self) -> dict[str, Any]:
         return {"error": "profile_begin was not called"}
     prof.stop()
     steps = _STATE.get("profiled_steps", 0)
-    kernels, syncs = [], {}
-    for evt in prof.key_averages():
+    return {"rank": _STATE["installed"]["rank"]} | profile_summary(prof.key_averages(), steps)
+
+
+def profile_summary(events, steps: int) -> dict[str, Any]:
+    """GPU busy time from the profiler's averaged events: kernels only.
+
+    A GPU-side user annotation (c10d's `nccl:broadcast`, `gloo:send`) spans
+    kernels already counted (`ncclDevKernel_Broadcast...`) or none at all
+    (a gloo send's wait): p1 counted them and got 157 ms busy in a 38 ms
+    step. They are listed apart, not summed."""
+    kernels, annotations, syncs = [], [], {}
+    for evt in events:
         device_us = _device_us(evt)
         is_device = str(getattr(evt, "device_type", "")).endswith("CUDA")
         if is_device and device_us > 0:
-            kernels.append({"name": evt.key[:160], "calls": evt.count, "device_us": device_us})
+            entry = {"name": evt.key[:160], "calls": evt.count, "device_us": device_us}
+            annotated = getattr(evt, "is_user_annotation", False)
+            (annotations if annotated else kernels).append(entry)
         elif evt.key in SYNC_CALLS:
             syncs[evt.key] = {"calls": evt.count, "cpu_us": float(evt.cpu_time_total)}
     kernels.sort(key=lambda k: -k["device_us"])
     busy_us = sum(k["device_us"] for k in kernels)
     return {
-        "rank": _STATE["installed"]["rank"],
         "steps": steps,
         "gpu_busy_ms_per_step": busy_us / 1e3 / steps if steps else None,
         "top_kernels": [
@@ -266,6 +277,7 @@ def profile_end(self) -> dict[str, Any]:
             for k in kernels[:TOP_KERNELS]
         ],
         "host_sync_calls": syncs,
+        "annotations": sorted(annotations, key=lambda k: -k["device_us"])[:TOP_KERNELS],
     }
 
 

@@ -281,6 +281,38 @@ def test_probe_times_the_ple_select_apart_from_the_whole_gather():
     assert gather["wall_us"] >= 50_000 > select["wall_us"]
 
 
+# p1's rank 0 profile, in torch's own event types: two kernels, the NCCL
+# broadcast's GPU annotation over its kernel, and a gloo send's annotation.
+PROFILE_EVENTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
+import step_probe
+def event(i, name, us, annotation=False):
+    return FunctionEvent(i, name, 0, 0, us, use_device="cuda", device_type=DeviceType.CUDA,
+                         stack=[], input_shapes=[], is_user_annotation=annotation)
+events = EventList([event(1, "Marlin", 2000), event(2, "ncclDevKernel_Broadcast", 700),
+                    event(3, "nccl:broadcast", 700, True), event(4, "gloo:send", 76000, True)],
+                   use_device="cuda")
+events._build_tree()  # as the profiler does before key_averages
+print(json.dumps(step_probe.profile_summary(events.key_averages(), steps=2)))
+"""
+
+
+def test_gpu_busy_time_counts_kernels_and_not_the_annotations_over_them():
+    python = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not python:
+        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
+    proc = subprocess.run([python, "-c", PROFILE_EVENTS, str(HERE)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["gpu_busy_ms_per_step"] == (2000 + 700) / 1e3 / 2
+    assert [k["name"] for k in got["top_kernels"]] == ["Marlin", "ncclDevKernel_Broadcast"]
+    assert [a["name"] for a in got["annotations"]] == ["gloo:send", "nccl:broadcast"]
+
+
 def test_window_summary_has_the_whole_gather_and_its_select_apart():
     # made up: 4 decode steps, each with a 27 ms gather() of which 0.3 ms is the select
     steps = [{"kind": "execute_model", "tokens": 1, "decode": True, "wall_us": 30_000.0}] * 4
