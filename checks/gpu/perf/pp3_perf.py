@@ -228,6 +228,11 @@ def engine_env(plan: dict[str, Any], engine: Engine) -> tuple[dict[str, str], di
         "FLASHNEXT_PERF_3090_KERNELS": "1",
         "FLASHNEXT_PERF_MEMORY": "1",
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(step_probe.*)
+        # One profiler window per case: CUPTI set up again after a teardown
+        # under CUDA graphs is what torch's own profiler code says crashes
+        # (profiler.py, its TEARDOWN_CUPTI=0 workaround, applied there only
+        # below CUDA 12.6); p1's worker died of heap corruption in its second.
+        "TEARDOWN_CUPTI": "0",
     }
     return env | added, {"env_added": added, "env_dropped": dropped}
 

@@ -97,6 +97,7 @@ def test_env_is_the_plans_plus_the_shim_less_offload_only_in_vram(inputs, name):
     assert {k: env[k] for k in kept} == kept
     assert set(env) - set(kept) == set(changes["env_added"])
     assert env["FLASHNEXT_PP_ONE_GPU"] == "1" and env["FLASHNEXT_PERF_3090_KERNELS"] == "1"
+    assert changes["env_added"]["TEARDOWN_CUPTI"] == "0"  # profiler windows under graphs
     offload_env = list(plan_settings.QSA_OFFLOAD_ENV)
     assert changes["env_dropped"] == ([] if name == "offload" else offload_env)
 
