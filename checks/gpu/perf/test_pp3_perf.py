@@ -6,6 +6,7 @@ the test and labelled so: they are not results."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -507,3 +508,24 @@ def test_contract_leaves_null_what_was_not_measured(inputs):
     empty = perf_contract.build("test", inputs, {}, bandwidth)
     assert empty["runs"] == [] and "runs" in empty["missing"]
     assert all(row["step_ms"] is None for row in empty["ranks"])
+
+
+def test_memory_sampler_keeps_each_kinds_peak_per_phase(monkeypatch):
+    for switch in ("FLASHNEXT_PP_ONE_GPU", "FLASHNEXT_PERF_3090_KERNELS", "FLASHNEXT_PERF_MEMORY"):
+        monkeypatch.delenv(switch, raising=False)
+    path = HERE / "onegpu_perf" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("_perf_shim_under_test", path)
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    assert shim.PERF_SAMPLER is None  # off unless the harness asks
+    sampler = shim.MemorySampler()
+    sampler.record((5, None, 3))  # (nvml, reserved, allocated); None: not seen
+    sampler.record((4, 7, 9))
+    start = sampler.close_phase("serving")
+    sampler.record((1, 2, 1))
+    assert start["peaks"]["start"] == {"nvml": 5, "reserved": 7, "allocated": 9}
+    assert sampler.close_phase("end")["peaks"]["serving"] == {
+        "nvml": 1,
+        "reserved": 2,
+        "allocated": 1,
+    }

@@ -13,9 +13,12 @@ serves the kernels' patch below too) and then:
   leaves out Machete and CUTLASS W4A8.
 - FLASHNEXT_PERF_MEMORY=1: a thread samples, every 20 ms, NVML's memory
   for this process (nvmlDeviceGetComputeRunningProcesses, matched by pid;
-  `pid_visible` false when the container's pids are not NVML's) and torch's
-  reserved bytes, and keeps the peak of each phase ("start" until the
-  harness closes it through step_probe.memory).
+  `pid_visible` false when the container's pids are not NVML's), torch's
+  reserved bytes and its peak of allocated bytes (max_memory_allocated: the
+  tensors' own need; p1's reserved peaks, on a card with room to spare,
+  were over the plan by 1.4-2.5 GB and cannot say whether a 3090 would
+  need them), and keeps the peak of each phase ("start" until the harness
+  closes it through step_probe.memory).
 
 Imports nothing of vLLM or torch itself; nothing shipped imports it.
 """
@@ -53,6 +56,7 @@ def _no_humming_preference(module):
 
 class MemorySampler:
     PERIOD_S = 0.02
+    KINDS = ("nvml", "reserved", "allocated")
 
     def __init__(self):
         self.pid = os.getpid()
@@ -74,11 +78,15 @@ class MemorySampler:
                 nvml_bytes = int(sum(mine))
             elif procs and self.pid_visible is None:
                 self.pid_visible = False
-        reserved = None
+        reserved = allocated = None
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             reserved = int(torch.cuda.memory_reserved())
-        return nvml_bytes, reserved
+            # The allocator's own peak since its last reset: spikes between
+            # samples are in it (vLLM resets it while profiling; a sample
+            # before that keeps what came before).
+            allocated = int(torch.cuda.max_memory_allocated())
+        return nvml_bytes, reserved, allocated
 
     def _run(self):
         try:
@@ -90,15 +98,19 @@ class MemorySampler:
             self._nvml = None
         while True:
             try:
-                nvml_bytes, reserved = self._sample()
+                sample = self._sample()
             except Exception:  # noqa: BLE001 - a failed sample is skipped
-                nvml_bytes, reserved = None, None
-            with self.lock:
-                peak = self.peaks.setdefault(self.phase, {"nvml": None, "reserved": None})
-                for key, value in (("nvml", nvml_bytes), ("reserved", reserved)):
-                    if value is not None and (peak[key] is None or value > peak[key]):
-                        peak[key] = value
+                sample = (None,) * len(self.KINDS)
+            self.record(sample)
             time.sleep(self.PERIOD_S)
+
+    def record(self, sample):
+        """Keep each kind's peak in the current phase."""
+        with self.lock:
+            peak = self.peaks.setdefault(self.phase, dict.fromkeys(self.KINDS))
+            for key, value in zip(self.KINDS, sample, strict=True):
+                if value is not None and (peak[key] is None or value > peak[key]):
+                    peak[key] = value
 
     def close_phase(self, next_phase):
         with self.lock:
