@@ -126,7 +126,9 @@ def rank_rows(
                 pcie_bytes_per_step(rb, config, rows=rows, context=context, kv_in_vram=kv_in_vram)
                 if rows else None
             )  # fmt: skip
-            busy = prof.get("gpu_busy_ms_per_step")
+            # Kernels less NCCL's (which wait for the peer on the GPU); records
+            # before the split (p1) summed annotations too and give none.
+            busy = prof.get("compute_ms_per_step")
             cpu = w.get("execute_wall_ms")
             if cpu is not None and (w.get("sample_tokens") or {}).get("wall_us_median"):
                 cpu += w["sample_tokens"]["wall_us_median"] / 1e3
@@ -199,7 +201,9 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
             "roofline_fraction": f"hbm_bytes_per_step / gpu_busy_ms / {read_bps:.4g} B/s "
             "(results/hbm_bandwidth-h200-b1.json, read)",
             "step_ms": "the rank's decode window wall time / its steps (CUDA-synchronised ends)",
-            "gpu_busy_ms": "torch.profiler: the rank's kernels' device time / profiled steps",
+            "gpu_busy_ms": "torch.profiler: the rank's kernels' device time / profiled steps, "
+            "NCCL's kernels (their wait for the peer) and GPU-side annotations left out; "
+            "both are in the raw file",
             "cpu_ms": "median wall time of the rank's execute_model (+ sample_tokens), "
             "entry to return",
             "ple_gather_us": "patch 0012's HostRowGather._select (the host row gather, its "

@@ -311,6 +311,8 @@ def test_gpu_busy_time_counts_kernels_and_not_the_annotations_over_them():
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["gpu_busy_ms_per_step"] == (2000 + 700) / 1e3 / 2
+    # The NCCL kernel's time (its wait for the peer included) is kept apart.
+    assert (got["nccl_kernel_ms_per_step"], got["compute_ms_per_step"]) == (0.35, 1.0)
     assert [k["name"] for k in got["top_kernels"]] == ["Marlin", "ncclDevKernel_Broadcast"]
     assert [a["name"] for a in got["annotations"]] == ["gloo:send", "nccl:broadcast"]
 
@@ -376,7 +378,11 @@ def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
         assert c4[rank]["gpu_busy_ms"] is None  # the profile died
     assert [c["stage"] for c in doc["engines"]["offload"]["failed_cases"]] == [None]  # p1: no stage
     assert doc["engines"]["offload"]["failed_cases"][0]["window_kept"] is True
-    assert doc["projection_3090"]["c1_tok_s"] is not None
+    # p1's c=1 profile summed GPU-side annotations (157 ms busy in a 38 ms step) and
+    # has no compute split: no busy time is taken from it, so nothing is projected.
+    c1 = [r for r in doc["ranks"] if r["batch"] == 1]
+    assert [r["gpu_busy_ms"] for r in c1] == [None] * 3 and all(r["step_ms"] for r in c1)
+    assert doc["projection_3090"]["c1_tok_s"] is None
     assert doc["projection_3090"]["c4_tok_s"] is None  # needs every rank's GPU busy time
     # p1 timed only the whole gather() call (mostly the wait for ids): no ple_gather_us
     rank0 = [r for r in doc["ranks"] if r["rank"] == 0]
@@ -454,7 +460,9 @@ def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
                               "wall_us_per_step": 40.0 if r == 0 else None},
                "mtp_propose": {"gpu_us_median": 3000.0 if mtp_k and r == n - 1 else None}}
               for r in range(n)]  # fmt: skip
-    prof = [{"rank": r, "gpu_busy_ms_per_step": 8.0} for r in range(n)] if profile else None
+    # busy 9 ms a step, of which 1 ms is NCCL's: the contract takes the 8 ms of compute
+    busy = {"gpu_busy_ms_per_step": 9.0, "compute_ms_per_step": 8.0}
+    prof = [{"rank": r} | busy for r in range(n)] if profile else None
     memory = [{"pid_visible": pid_visible, "peaks": {"start": {"nvml": 23 << 30},
                                                      "serving": {"nvml": 22 << 30}}}
               for _ in range(n)]  # fmt: skip
