@@ -310,15 +310,23 @@ def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_
     assert compare.judge({})["equal"] is False  # nothing compared proves nothing
 
 
-BOUNDARY = """
+def ten_rows(seed: int, body: str) -> str:
+    """A compare script over ten keyed rows of random data (`point(x)` keys x)."""
+    head = f"""
 import json, sys, torch
-from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from compare import compare_case, judge
 pos, ids = torch.arange(10), torch.arange(100, 110)
-rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(1))
+rows = torch.randn(10, 8, generator=torch.Generator().manual_seed({seed}))
 def point(x):
     return (pos, ids, x)
+"""
+    return head + body
+
+
+BOUNDARY = ten_rows(
+    1,
+    """
 rounded = rows.clone()
 rounded[5, 0] = rounded[5, 0] * (1 + 2**-8)   # one element, one bf16 ulp
 later = rows.clone()
@@ -331,7 +339,8 @@ other = {"layer.0.out": point(rows), "layer.1.mix": point(rows), "layer.1.gdn": 
 points = compare_case(ref, other)
 print(json.dumps({"points": points, "verdict": judge(points),
                   "wrong": judge(compare_case(ref | {"layer.1.mix_fused": point(rows)}, other))}))
-"""
+""",
+)
 
 
 def test_a_rank_boundary_judges_the_block_input_and_not_what_its_rounding_does_later(tmp_path):
@@ -370,14 +379,9 @@ def test_rounding_is_every_element_one_bf16_ulp_off_and_two_is_not():
     assert result["two"]["first_layer_over_bound"] == "layer.3.qsa"
 
 
-INSIDE = """
-import json, sys, torch
-sys.path.insert(0, sys.argv[1])
-from compare import compare_case, judge
-pos, ids = torch.arange(10), torch.arange(100, 110)
-rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(2))
-def point(x):
-    return (pos, ids, x)
+INSIDE = ten_rows(
+    2,
+    """
 rounded = rows.clone()
 rounded[5:, 0] = rounded[5:, 0] * (1 + 2**-8)  # an offloaded QSA's rounding
 routed = rows.clone()
@@ -393,7 +397,8 @@ flipped = compare_case(ref, other(routed, routed))
 fault = compare_case(ref, other(early, early))
 print(json.dumps({"flipped": flipped, "flipped_verdict": judge(flipped),
                   "fault_verdict": judge(fault)}))
-"""
+""",
+)
 
 
 def test_the_moe_is_judged_only_where_the_mixer_fed_it_the_same_rows():
