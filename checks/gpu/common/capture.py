@@ -818,6 +818,88 @@ def _install_drop_one_token(runner) -> None:
     rewrite_offload_selection(_drop_last_selected)
 
 
+# --- the unwritten-row probe: what no kernel writes in a GDN step is NaN ---------
+
+_POISON = {"on": False}
+_EMPTY_OPS = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided")
+
+
+def nan_empty():
+    """A torch dispatch mode under which every empty-like allocation of a
+    floating dtype comes back filled with NaN; every other op runs as it is.
+    Memory a kernel writes is unchanged; memory it does not write reads NaN."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NanEmpty(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in _EMPTY_OPS and out.is_floating_point():
+                out.fill_(float("nan"))
+            return out
+
+    return NanEmpty()
+
+
+def poison_mixed_spec(meta, core_attn_out, body):
+    """Run BODY (the GDN core) with, in a mixed step (prefill chunks beside
+    spec-decode sequences), the output rows it must write set to NaN first and
+    the spec recurrent kernel's output allocated as NaN (see
+    `_install_poison_gdn_out`). Other steps run as they are."""
+    mixed = (
+        meta is not None
+        and getattr(meta, "spec_sequence_masks", None) is not None
+        and meta.num_prefills > 0
+    )
+    if not mixed:
+        return body()
+    # The merge (index_copy_ by spec_token_indx and non_spec_token_indx) must
+    # write each of the step's scheduled rows (the builder's token counts,
+    # padding excluded); forward_cuda's torch.zeros left them 0.
+    real = meta.num_prefill_tokens + meta.num_decode_tokens + meta.num_spec_decode_tokens
+    core_attn_out[:real].fill_(float("nan"))
+    _POISON["on"] = True
+    try:
+        return body()
+    finally:
+        _POISON["on"] = False
+
+
+def _install_poison_gdn_out(runner) -> None:
+    """qwen4_exp's GDN layers (QwenGatedDeltaNetAttention, the Triton path the
+    tiny model takes): in mixed prefill + spec-decode steps, the rows of the
+    layer's core output and of the spec recurrent kernel's output
+    (fused_sigmoid_gating_delta_rule_update's `o = q.new_empty(...)`, which
+    the kernel skips for a sequence whose state slot is the null block) are
+    NaN until a kernel writes them. A draft row that stays NaN at layer.N.gdn
+    was never written; one that is a number was computed differently."""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+
+    cls = gdn.QwenGatedDeltaNetAttention
+    if getattr(cls._forward_core, "_poisoned", False):
+        return
+    real_core, real_update = cls._forward_core, gdn.fused_sigmoid_gating_delta_rule_update
+
+    def forward_core(self, mixed_qkv, b, a, core_attn_out):
+        metadata = get_forward_context().attn_metadata
+        meta = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+        return poison_mixed_spec(
+            meta, core_attn_out, lambda: real_core(self, mixed_qkv, b, a, core_attn_out)
+        )
+
+    def update(*args, **kwargs):
+        if not _POISON["on"]:
+            return real_update(*args, **kwargs)
+        with nan_empty():
+            return real_update(*args, **kwargs)
+
+    forward_core._poisoned = True
+    update.__wrapped__ = real_update
+    forward_core.__wrapped__ = real_core
+    cls._forward_core = forward_core
+    gdn.fused_sigmoid_gating_delta_rule_update = update
+
+
 # Trace and candidate-fix probes (install_sync's names): what each installs, in order.
 _PROBES = {
     "trace": (_install_trace,),
@@ -831,4 +913,5 @@ _PROBES = {
     "fix_stream": (_install_fix_stream,),
     "boundary_shift": (_install_boundary_shift,),
     "drop_one_token": (_install_drop_one_token,),
+    "poison_gdn_out": (_install_poison_gdn_out,),
 }

@@ -246,11 +246,18 @@ def compare_point(
         return {"tokens": 0, "only_ref": len(ua), "only_other": len(ub)}
     ra = a[2][torch.tensor([ua[k] for k in keys])]
     rb = b[2][torch.tensor([ub[k] for k in keys])]
+    # A NaN row (capture's poison_gdn_out: a row no kernel wrote) is counted
+    # apart: NaN fails every `>` and a max over it is NaN, so it would pass
+    # the judge and spoil the statistics of the rows that were written.
+    nan_a, nan_b = ra.isnan().any(dim=1), rb.isnan().any(dim=1)
+    nan_parted = nan_a != nan_b
+    ra, rb = ra.masked_fill(ra.isnan(), 0.0), rb.masked_fill(rb.isnan(), 0.0)
     scale = ra.abs().mean(dim=1).clamp_min(1e-12)
     diff = (ra - rb).abs()
+    diff[nan_a | nan_b] = 0.0
     rel_max = diff.max(dim=1).values / scale
     rel_mean = diff.mean(dim=1) / scale
-    parted = (diff.max(dim=1).values > 0).nonzero().flatten()
+    parted = ((diff.max(dim=1).values > 0) | nan_parted).nonzero().flatten()
     first = min(keys[int(i)][0] for i in parted) if len(parted) else None
     clean = torch.tensor([clean_before is None or k[0] < clean_before for k in keys])
     loose = torch.tensor([loose_from is not None and k[0] >= loose_from for k in keys])
@@ -269,6 +276,7 @@ def compare_point(
                 "max_rel": worst(rel_max, rows),
                 "max_row_mean_rel": worst(rel_mean, rows),
                 "first_parting_position": min(firsts) if firsts else None,
+                "nan_rows": {"ref": int(nan_a[rows].sum()), "other": int(nan_b[rows].sum())},
             }
     result = {
         "tokens": len(keys),
@@ -277,7 +285,10 @@ def compare_point(
         "max_rel": float(rel_max.max()),
         "mean_rel": float(rel_mean.mean()),
         "max_row_mean_rel": float(rel_mean.max()),
-        "identical_frac": float((diff.max(dim=1).values == 0).float().mean()),
+        "identical_frac": float(((diff.max(dim=1).values == 0) & ~nan_parted).float().mean()),
+        "nan_rows": {"ref": int(nan_a.sum()), "other": int(nan_b.sum())},
+        # Judged rows NaN in one engine only: a row one engine never wrote.
+        "clean_nan_rows": int((nan_parted & clean).sum()),
         "first_parting_position": first,
         "clean_before": clean_before,
         "clean_tokens": int(clean.sum()),
@@ -407,7 +418,8 @@ def judge(
         bound_max = max(BF16_ROW_MAX, spread_max)
         bound_mean = max(BF16_ROW_MEAN, spread_mean)
         over = (
-            s["clean_row_max_rel"] > BF16_ROW_MAX
+            s.get("clean_nan_rows", 0) > 0
+            or s["clean_row_max_rel"] > BF16_ROW_MAX
             or s["clean_row_mean_rel"] > BF16_ROW_MEAN
             or s["loose_row_max_rel"] > bound_max
             or s["loose_row_mean_rel"] > bound_mean

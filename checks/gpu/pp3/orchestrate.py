@@ -128,6 +128,9 @@ SENSITIVITY_CASES = ((100, 1), (3000, 1))
 # engines fill every step with 512 prompt tokens in the same order.
 PREFILL_BATCH_CASES = ((3000, 4), (20000, 4))
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
+# Where e3's MTP draft rows parted on equal metadata (20000x4) and where the
+# metadata itself differed (3000x4): steps that mix prefill chunks and verifies.
+POISON_CASES = ((3000, 4), (20000, 4))
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,15 @@ def equality_engines() -> list[Engine]:
     # The same in the profile's mode: do PP=1's own MTP draft rows part at
     # batch 4 (e2, e3: PP=3's do, by 0.7 of a row, on equal GDN metadata)?
     engines.append(mode_engine(f"pp1-{PROFILE.name}-again", PROFILE, 1, cases=EQUALITY_CASES[::-1]))
+    # The profile's reference with every GDN output row no kernel writes in a
+    # mixed prefill + spec-decode step left NaN (capture.poison_gdn_out): its
+    # draft rows NaN at layer.N.gdn say "never written", numbers say
+    # "computed differently". Only the batch-4 long cases have such steps.
+    engines.append(
+        mode_engine(
+            f"pp1-{PROFILE.name}-poison", PROFILE, 1, sync="poison_gdn_out", cases=POISON_CASES
+        )
+    )
     # Both sides with every autotuner on one config: what parts them then is
     # not a config timed differently on a shared GPU.
     for pp in (1, 3):
@@ -222,6 +234,12 @@ EQUALITY_PAIRS = (
     ),
     ("boundary_shift", f"pp1-{EAGER.name}", "pp3-shift", "sensitivity: misaligned row at rank 1"),
     ("drop_one_token", f"pp1-{PROFILE.name}", "pp1-drop", "sensitivity: a selected token dropped"),
+    (
+        "poison-gdn-out",
+        f"pp1-{PROFILE.name}",
+        f"pp1-{PROFILE.name}-poison",
+        "GDN rows no kernel writes in a mixed step left NaN (points.*.by_kind.*.nan_rows)",
+    ),
     ("ab-offload", f"pp1-{EAGER.name}", "pp1-eager-offload", "PP=1 A/B: QSA K/V offloaded"),
     ("ab-ple-file", "pp1-eager-ple-vram", f"pp1-{EAGER.name}", "PP=1 A/B: PLE from the file"),
 )

@@ -696,3 +696,123 @@ def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_de
     assert kinds[(0, 1000)] == "prompt" and sum(v == "prompt" for v in kinds.values()) == 12
     assert r["autotune"] == {"recorded": True, "kernels": 2, "differ": ["k.o"]}
     assert r["unrecorded"] == {"recorded": False}
+
+
+POISON = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import capture
+from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+from vllm.third_party.flash_linear_attention.ops import fused_sigmoid_gating as fsg
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+g = torch.Generator().manual_seed(3)
+q, v = torch.randn(1, 6, 2, 4, generator=g), torch.randn(1, 6, 4, 4, generator=g)
+def kernel(written):  # fused_sigmoid_gating.py's `o`, the sequences it does not skip written
+    o = q.new_empty(1, *v.shape)
+    o[:, :, :written] = v[:, :written] * 2
+    return o.squeeze(0).squeeze(0)
+plain = kernel(4)
+with capture.nan_empty():
+    poisoned = kernel(4)
+    ops = [torch.zeros(3), q.index_select(1, torch.tensor([0, 2])), q.clone(), q @ q.mT]
+    empties = [torch.empty(3), torch.empty_like(q), q.new_empty(2)]
+out_ops = [torch.zeros(3), q.index_select(1, torch.tensor([0, 2])), q.clone(), q @ q.mT]
+def meta(prefills, spec_indx):
+    # Prompt rows 0-3 of one prefill chunk, then two verify pairs at rows 4-7,
+    # two padded rows (8-9) past the real ones.
+    return GDNAttentionMetadata(
+        num_prefills=prefills, num_prefill_tokens=4, num_decodes=0, num_decode_tokens=0,
+        num_spec_decodes=2, num_spec_decode_tokens=4, num_actual_tokens=10,
+        spec_sequence_masks=torch.tensor([False, True, True]),
+        spec_token_indx=torch.tensor(spec_indx), non_spec_token_indx=torch.tensor([0, 1, 2, 3]))
+spec, non_spec = torch.randn(4, 2, generator=g), torch.randn(4, 2, generator=g)
+seen = []
+def merge(m, out):  # _forward_core's step 3, as in qwen_gdn_linear_attn.py
+    def body():
+        seen.append(capture._POISON["on"])
+        out.index_copy_(0, m.spec_token_indx, spec[: m.spec_token_indx.numel()])
+        out.index_copy_(0, m.non_spec_token_indx, non_spec)
+    return body
+def run(m, poison):
+    out = torch.zeros(10, 2)
+    (lambda: capture.poison_mixed_spec(m, out, merge(m, out)))() if poison else merge(m, out)()
+    return out
+full, drop = meta(1, [4, 5, 6, 7]), meta(1, [4, 5, 6])  # drop: row 7 never written
+spec_only = meta(0, [4, 5, 6])
+before = (gdn.QwenGatedDeltaNetAttention._forward_core, gdn.fused_sigmoid_gating_delta_rule_update)
+capture._install_poison_gdn_out(None)
+capture._install_poison_gdn_out(None)
+after = (gdn.QwenGatedDeltaNetAttention._forward_core, gdn.fused_sigmoid_gating_delta_rule_update)
+print(json.dumps({
+    "written_same": torch.equal(plain[:4], poisoned[:4]),
+    "unwritten_nan": bool(poisoned[4:].isnan().all()) and not bool(plain[4:].isnan().any()),
+    "ops_same": all(torch.equal(a, b) for a, b in zip(ops, out_ops)),
+    "empties_nan": [bool(e.isnan().all()) for e in empties],
+    "full_same": torch.equal(run(full, False), run(full, True)),
+    "drop_nan_rows": run(drop, True).isnan().any(1).nonzero().flatten().tolist(),
+    "drop_plain_row7": run(drop, False)[7].tolist(),
+    "spec_only_same": torch.equal(run(spec_only, False), run(spec_only, True)),
+    "poison_on": seen, "off_after": capture._POISON["on"],
+    "wrapped": [after[0].__wrapped__ is before[0],
+                after[1].__wrapped__ is fsg.fused_sigmoid_gating_delta_rule_update],
+    "listed": "poison_gdn_out" in capture._PROBES,
+}))
+"""
+
+
+def test_poison_gdn_out_makes_only_unwritten_gdn_rows_nan():
+    r = script_json(POISON, str(COMMON))
+    # The spec kernel's output: rows it writes unchanged, rows it skips NaN.
+    assert r["written_same"] and r["unwritten_nan"]
+    assert r["ops_same"] and r["empties_nan"] == [True, True, True]
+    # The merge: every row it writes is what it was; a row it misses is NaN
+    # (0 without the probe); padded rows past the real ones untouched.
+    assert r["full_same"] and r["drop_nan_rows"] == [7] and r["drop_plain_row7"] == [0.0, 0.0]
+    # A spec-only step (graphs, padded sequences) is left as it is.
+    assert r["spec_only_same"]
+    # The recurrent kernel is poisoned only inside a mixed step's body.
+    assert r["poison_on"] == [False, True, True, False, False, False]
+    assert r["off_after"] is False
+    assert r["wrapped"] == [True, True] and r["listed"]
+
+
+NAN_ROWS = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import compare_point, judge
+g = torch.Generator().manual_seed(5)
+pos, ids = torch.arange(10, 16), torch.arange(100, 106)
+rows = torch.randn(6, 8, generator=g)
+names = ["prompt"] * 3 + ["decode", "draft", "draft"]
+kinds = {(int(p), int(i)): k for p, i, k in zip(pos, ids, names)}
+other = rows.clone()
+other[4] = float("nan")  # one draft row never written in the poisoned engine
+other[1, 0] += 0.5       # a prompt row computed differently
+point = compare_point((pos, ids, rows), (pos, ids, other), kinds=kinds)
+clean = compare_point((pos, ids, rows), (pos, ids, rows.clone()), kinds=kinds)
+only_nan = rows.clone()
+only_nan[4] = float("nan")
+late = compare_point((pos, ids, rows), (pos, ids, only_nan), clean_before=12, kinds=kinds)
+print(json.dumps({"point": point, "judge": judge({"layer.0.gdn": point}),
+                  "clean": judge({"layer.0.gdn": clean}), "late": judge({"layer.0.gdn": late}),
+                  "clean_nan": clean["nan_rows"],
+                  "late_nan": late["by_kind"]["draft"]["nan_rows"]}))
+"""
+
+
+def test_compare_counts_nan_rows_by_kind_and_judges_them():
+    r = script_json(NAN_ROWS, str(COMMON))
+    p = r["point"]
+    assert p["by_kind"]["draft"]["nan_rows"] == {"ref": 0, "other": 1}
+    assert p["by_kind"]["prompt"]["nan_rows"] == {"ref": 0, "other": 0}
+    assert p["nan_rows"] == {"ref": 0, "other": 1} and p["clean_nan_rows"] == 1
+    # The written rows' statistics stay numbers: the prompt row's 0.5 is the max.
+    assert all(isinstance(p[k], float) and p[k] == p[k] for k in ("max_rel", "mean_rel"))
+    assert p["by_kind"]["draft"]["max_rel"] == 0.0 and p["by_kind"]["prompt"]["max_rel"] > 0
+    assert p["first_parting_position"] == 11
+    assert p["by_kind"]["draft"]["first_parting_position"] == 14
+    assert p["identical_frac"] == pytest.approx(4 / 6)
+    assert r["judge"]["equal"] is False and r["judge"]["first_layer_over_bound"] == "layer.0.gdn"
+    assert r["clean"]["equal"] is True and r["clean_nan"] == {"ref": 0, "other": 0}
+    # A NaN row past the input's parting is not judged (it is still counted).
+    assert r["late"]["equal"] is True and r["late_nan"] == {"ref": 0, "other": 1}
