@@ -324,7 +324,9 @@ def install_capture(worker) -> dict[str, Any]:
 
     from vllm.distributed.utils import get_pp_indices
 
-    boundaries = {get_pp_indices(len(model.layers), rank, 3)[0] for rank in (1, 2)}
+    # Layer 0's input too (the embedding): where a draft row parts at layer
+    # 0's GDN (e3), whether its input already did is then measured.
+    boundaries = {0} | {get_pp_indices(len(model.layers), rank, 3)[0] for rank in (1, 2)}
     for index in range(start, end):
         layer = model.layers[index]
         hooks.append(layer.register_forward_pre_hook(layer_pre, with_kwargs=True))
