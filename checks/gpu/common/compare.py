@@ -14,8 +14,8 @@ those before the first position where the layer's input (the previous
 layer's materialized output) parts, and for the MoE and the layer's output
 also before the layer's mixer (GDN or QSA) or MoE parts, so a point is
 judged only where both engines fed it the same tokens; what a parting does
-downstream is not judged again. Where a spread is given (two runs of the reference engine),
-a point's rows from the position where the reference parts from itself on
+downstream is not judged again. Where a spread is given (two runs of the
+reference engine), a point's rows from the position where the reference parts from itself on
 may differ up to SPREAD_MARGIN times that spread: past the QSA indexer's
 budget the selection is tie-sensitive, and the reference disagrees with
 itself. Rows before it are held to rounding.
@@ -36,6 +36,10 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+# The capture's record names, from the capture itself (stdlib-only at import):
+# fingerprints of rows left out, per-row steps, per-verify-row GDN metadata.
+from capture import FINGERPRINT, SPEC, SPEC_FIELDS, STEPS
 
 POINT_ORDER = ("in", "mix", "mix_fused", "block_input", "ple", "gdn", "qsa", "moe", "out")
 # The points within a layer whose output the layer's later points take in.
@@ -69,15 +73,6 @@ def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
             dup.add(key)
         seen[key] = i
     return {k: v for k, v in seen.items() if k not in dup}
-
-
-FINGERPRINT = "#fp"  # capture.py: rows left out of a long prompt, as exact fingerprints
-STEPS = "#steps"  # capture.py: per row (step number, the step's token count)
-SPEC = "#spec"  # capture.py: per MTP verify row, its step's GDN metadata (SPEC_FIELDS)
-SPEC_FIELDS = (
-    "num_prefills", "num_decodes", "num_spec_decodes", "num_actual_tokens",
-    "sequence_tokens", "offset", "num_accepted_tokens",
-)  # fmt: skip
 
 
 def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:

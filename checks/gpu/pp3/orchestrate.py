@@ -430,7 +430,7 @@ def equality(args) -> dict[str, Any]:
         comparisons["spread"]["from"] = str(args.spread_from)
     for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
         if ref in done and other in done:
-            spread = comparisons.get("spread") if key != "spread" else None
+            spread = None if key.startswith("spread") else comparisons.get("spread")
             pair = [args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json"]
             compute = partial(compare_runs, *pair, spread)
             result = cached(args.raw, f"{ref}--{other}", pair, spread, compute)

@@ -562,7 +562,7 @@ b = capture.spec_rows(meta(1, [1, 2]), pos, ids)
 none = capture.spec_rows(GDNAttentionMetadata(1, 4, 0, 0, 0, 0, 4), pos, ids)
 print(json.dumps({"pos": a[0].tolist(), "ids": a[1].tolist(), "rows": a[2].tolist(),
                   "same": compare.spec_difference(a, a), "other": compare.spec_difference(a, b),
-                  "none": none is None, "fields": capture.SPEC_FIELDS == compare.SPEC_FIELDS}))
+                  "none": none is None}))
 """
 
 
@@ -584,7 +584,7 @@ def test_mtp_verify_rows_carry_their_steps_gdn_metadata_and_compare_by_field():
         "first": [106, 506],
         "fields": ["num_accepted_tokens"],
     }
-    assert result["none"] and result["fields"]
+    assert result["none"]
 
 
 # --- e1's partings explained (RESULTS.md, "What parts them, explained") -------
