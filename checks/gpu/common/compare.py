@@ -25,8 +25,10 @@ partings, RESULTS.md "What parts them, explained"): per case, `schedule`
 says where the two engines first ran a row in another prefill chunk or
 another step size (capture.py's `#steps`), `autotune` which Triton
 autotuners chose another config, `kinds` splits every point's rows into
-prompt, decode and MTP draft rows, and `cause` names the first of these
-that comes at or before the first parting. None of it changes a verdict.
+prompt, decode and MTP draft rows (a verify row by its own `#spec` offset)
+and names each kind's worst row with where each engine ran it, and `cause`
+names the first of these that comes at or before the first parting. None
+of it changes a verdict.
 """
 
 from __future__ import annotations
@@ -124,14 +126,33 @@ def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, i
     return {k: v for k, v in contexts.items() if k not in dup}
 
 
-def row_kinds(steps: tuple | None, prompt_len: int) -> dict[tuple[int, int], str]:
-    """Per token key: `prompt` (position < prompt_len), `decode` (the first row
-    of its run past the prompt: the token the last step sampled) or `draft`
-    (a later row of that run: an MTP verify step's drafted position)."""
+def spec_fields(spec: tuple | None) -> dict[tuple[int, int], dict[str, int]]:
+    """Per verify-row key, its GDN metadata (`#spec`) by field name."""
+    if spec is None:
+        return {}
+    rows = spec[2].tolist()
+    return {
+        key: dict(zip(SPEC_FIELDS, rows[i], strict=True))
+        for key, i in _unique_rows(spec[0], spec[1], spec[2]).items()
+    }
+
+
+def row_kinds(
+    steps: tuple | None, prompt_len: int, spec: tuple | None = None
+) -> dict[tuple[int, int], str]:
+    """Per token key: `prompt` (position < prompt_len), `decode` (the token
+    the last step sampled) or `draft` (an MTP verify step's drafted
+    position). A verify row's own metadata (`#spec`: its offset in its
+    sequence) decides where recorded; else the row's run of consecutive
+    positions in its step does (its first row decodes), which two requests
+    whose positions happen to follow on in one step would join."""
+    offsets = {key: f["offset"] for key, f in spec_fields(spec).items()}
     kinds = {}
     for key, (start, _, _) in row_contexts(steps).items():
         if key[0] < prompt_len:
             kinds[key] = "prompt"
+        elif key in offsets:
+            kinds[key] = "decode" if offsets[key] == 0 else "draft"
         else:
             kinds[key] = "decode" if key[0] == start else "draft"
     return kinds
@@ -266,12 +287,21 @@ def compare_point(
         rows = torch.tensor([(kinds or {}).get(k) == kind for k in keys])
         if bool(rows.any()):
             firsts = [keys[int(i)][0] for i in parted if bool(rows[int(i)])]
+            # The kind's worst row by name, so a run says which row it was
+            # (compare_case adds where each engine ran it).
+            top = int(torch.where(rows, rel_mean, -1.0).argmax())
             by_kind[kind] = {
                 "tokens": int(rows.sum()),
                 "max_rel": worst(rel_max, rows),
                 "max_row_mean_rel": worst(rel_mean, rows),
                 "first_parting_position": min(firsts) if firsts else None,
                 "nan_rows": {"ref": int(nan_a[rows].sum()), "other": int(nan_b[rows].sum())},
+                "worst": {
+                    "position": keys[top][0],
+                    "id": keys[top][1],
+                    "row_mean_rel": float(rel_mean[top]),
+                    "row_max_rel": float(rel_max[top]),
+                },
             }
     result = {
         "tokens": len(keys),
@@ -332,7 +362,8 @@ def compare_case(
     # layer -> first partings of its mixer and MoE, the inputs of what follows.
     inside: dict[int, list[int]] = {}
     names = {n for n in set(ca) & set(cb) if "#" not in n}
-    kinds = row_kinds(ca.get(STEPS), prompt_len) if prompt_len is not None else None
+    kinds = row_kinds(ca.get(STEPS), prompt_len, ca.get(SPEC)) if prompt_len is not None else None
+    ran = _where_rows_ran(ca, cb)
     for name in sorted(names | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
@@ -346,6 +377,8 @@ def compare_case(
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
         points[name] = compare_point(a, b, clean_before, loose_from, kinds)
+        for entry in points[name].get("by_kind", {}).values():
+            entry["worst"].update(ran((entry["worst"]["position"], entry["worst"]["id"])))
         # A long prompt's rows left out of the capture may part first.
         fa, fb = _pair(name, ca, cb, suffix=FINGERPRINT)
         unseen = first_fingerprint_parting(fa, fb)
@@ -361,6 +394,26 @@ def compare_case(
         if name.endswith(".block_input"):
             parted_at[layer + 0.5] = points[name].get("first_parting_position")
     return points
+
+
+def _where_rows_ran(ca: dict, cb: dict):
+    """A key -> where each engine ran that row: its run (first position,
+    length, the step's token count; row_contexts) and, for a verify row,
+    its GDN metadata (`#spec`); None where not recorded."""
+    contexts = row_contexts(ca.get(STEPS)), row_contexts(cb.get(STEPS))
+    specs = spec_fields(ca.get(SPEC)), spec_fields(cb.get(SPEC))
+
+    def ran(key: tuple[int, int]) -> dict[str, Any]:
+        def both(maps):
+            return {side: m.get(key) for side, m in zip(("ref", "other"), maps, strict=True)}
+
+        context = both(contexts)
+        return {
+            "context": {side: list(c) if c else None for side, c in context.items()},
+            "spec": both(specs),
+        }
+
+    return ran
 
 
 def _block_inputs(ca: dict, cb: dict) -> set[str]:

@@ -698,6 +698,67 @@ def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_de
     assert r["unrecorded"] == {"recorded": False}
 
 
+WORST_DRAFT = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import SPEC, STEPS, compare_case, row_kinds
+
+# One mixed step (step 2, 8 rows): a prefill chunk of C, then A's verify pair
+# at [20, 21] and B's at [22, 23]: their positions follow on, so the runs
+# join them into one and B's sampled row looks like a draft. The other
+# engine runs the same rows with B's draft in its own step (3).
+rows = [(300 + p, p, 1) for p in range(12)] + [(300 + p, p, 2) for p in range(12, 16)]
+rows += [(5, 20, 2), (5, 21, 2), (6, 22, 2), (6, 23, 2)]
+def steps(rows):
+    pos = torch.tensor([p for _, p, _ in rows]); ids = torch.tensor([i for i, _, _ in rows])
+    info = torch.tensor([[s, sum(1 for r in rows if r[2] == s)] for *_, s in rows])
+    return (pos, ids, info)
+other_rows = rows[:-1] + [(6, 23, 3)]
+# #spec: prefills, decodes, spec decodes, tokens, sequence length, offset, accepted.
+def spec(tokens):
+    return (torch.tensor([20, 21, 22, 23]), torch.tensor([5, 5, 6, 6]),
+            torch.tensor([[1, 0, 2, tokens, 2, o, 1] for o in (0, 1, 0, 1)]))
+ca = {STEPS: steps(rows), SPEC: spec(8)}
+cb = {STEPS: steps(other_rows), SPEC: spec(8)}
+out = torch.randn(len(rows), 4, generator=torch.Generator().manual_seed(5))
+parted = out.clone()
+parted[-1] += 1.0  # B's draft row: a whole row off
+pos, ids, _ = ca[STEPS]
+ca["layer.0.gdn"], cb["layer.0.gdn"] = (pos, ids, out), (pos, ids, parted)
+points = compare_case(ca, cb, prompt_len=20)
+print(json.dumps({
+    "runs_only": sorted(set(row_kinds(ca[STEPS], 20).items())),
+    "with_spec": sorted(set(row_kinds(ca[STEPS], 20, ca[SPEC]).items())),
+    "by_kind": points["layer.0.gdn"]["by_kind"],
+}))
+"""
+
+
+def test_each_kind_names_its_worst_row_and_where_each_engine_ran_it():
+    """A verify row's kind comes from its own metadata where recorded (two
+    requests' pairs whose positions follow on are not one run), and the
+    worst row of each kind is named with both engines' contexts, so a run
+    says which draft row parted and how each engine scheduled it."""
+    r = script_json(WORST_DRAFT, str(COMMON))
+    runs_only = dict((tuple(k), v) for k, v in r["runs_only"])
+    with_spec = dict((tuple(k), v) for k, v in r["with_spec"])
+    assert runs_only[(22, 6)] == "draft"  # the joined run's misreading
+    assert with_spec[(22, 6)] == "decode" and with_spec[(23, 6)] == "draft"
+    assert with_spec[(20, 5)] == "decode" and with_spec[(21, 5)] == "draft"
+    draft = r["by_kind"]["draft"]
+    assert draft["tokens"] == 2 and draft["first_parting_position"] == 23
+    worst = draft["worst"]
+    assert (worst["position"], worst["id"]) == (23, 6)
+    assert worst["row_mean_rel"] == draft["max_row_mean_rel"] > 0.5
+    # Ref ran it in step 2's run [20, 24) of 8 tokens; the other alone in step 3.
+    assert worst["context"] == {"ref": [20, 4, 8], "other": [23, 1, 1]}
+    fields = worst["spec"]["ref"]
+    assert fields["offset"] == 1 and fields["num_spec_decodes"] == 2
+    assert worst["spec"]["other"] == fields
+    assert r["by_kind"]["decode"]["worst"]["row_mean_rel"] == 0.0
+    assert r["by_kind"]["prompt"]["worst"]["context"]["other"] == [0, 12, 12]
+
+
 POISON = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
