@@ -877,3 +877,33 @@ def test_compare_counts_nan_rows_by_kind_and_judges_them():
     assert r["clean"]["equal"] is True and r["clean_nan"] == {"ref": 0, "other": 0}
     # A NaN row past the input's parting is not judged (it is still counted).
     assert r["late"]["equal"] is True and r["late_nan"] == {"ref": 0, "other": 1}
+
+
+def test_the_spec_gdn_kernels_read_only_what_was_written_and_match_a_plain_run():
+    """e3 item 6's reading, run: the pinned vLLM's two verify-step kernels
+    (conv with its accepted-token offset, the recurrent kernel on the spec
+    slots), on CPU through Triton's interpreter, over a prefill and seven
+    verify steps with rejected and accepted drafts, every slot NaN until
+    written. Both rows of every step equal the same kernels over the accepted
+    history as one plain sequence, so a draft row cannot part by reading
+    state nothing wrote; the control (acceptances kept from the kernels)
+    parts from the first step after an acceptance."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env |= {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(
+        [vllm_python(), str(PP3 / "spec_gdn_cpu.py")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    lives = [*r["conv"].values(), r["recurrent"]]
+    for life in lives:
+        assert len(life) == len(r["accepted"]) == 7
+        assert all(s["verified"] == 0.0 and s["draft"] == 0.0 for s in life)
+        assert not any(any(s["nan"]) for s in life)
+    # Acceptances really ran: steps after one are told 2 accepted tokens.
+    assert [s["accepted_before"] for s in r["recurrent"]] == [1, 1, 1, 2, 1, 2, 2]
+    first_after = r["accepted"].index(True) + 1
+    for life in r["control"].values():
+        assert all(s["verified"] == s["draft"] == 0.0 for s in life[:first_after])
+        assert all(s["verified"] > 1e-3 and s["draft"] > 1e-3 for s in life[first_after:])
