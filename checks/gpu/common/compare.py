@@ -59,12 +59,70 @@ SPREAD_MARGIN = 2.0
 
 
 def load_case(out_json: Path, case: str) -> dict[str, tuple]:
+    """The ranks' captures merged; each rank's `#steps` also kept under
+    `#steps@RANK` (the merged `#steps` is the last rank's)."""
     import torch
 
     merged: dict[str, tuple] = {}
     for path in sorted(out_json.parent.glob(f"{out_json.stem}.{case}.rank*.pt")):
-        merged.update(torch.load(path))
+        points = torch.load(path)
+        merged.update(points)
+        if STEPS in points:
+            rank = int(re.search(r"\.rank(\d+)\.pt$", path.name).group(1))
+            merged[f"{STEPS}@{rank}"] = points[STEPS]
     return merged
+
+
+def rank_agreement(case: dict[str, tuple]) -> dict[str, Any]:
+    """Whether every rank ran the same rows (position, input id) in each
+    step, from the ranks' `#steps` side by side. A PP rank that embeds or
+    labels a row with another id than the first rank's (a draft token taken
+    from another step) makes that row part from PP=1 on some ranks only;
+    this says so without a reference. One rank (PP=1): not recorded."""
+    by_rank = {
+        int(name.rsplit("@", 1)[1]): steps
+        for name, steps in case.items()
+        if name.startswith(f"{STEPS}@")
+    }
+    if len(by_rank) < 2:
+        return {"recorded": False, "ranks": len(by_rank)}
+
+    def rows_per_step(steps) -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for p, i, info in zip(*(t.tolist() for t in steps), strict=True):
+            out.setdefault(info[0], []).append((p, i))
+        return out
+
+    first_rank = min(by_rank)
+    base = rows_per_step(by_rank[first_rank])
+    steps_differ, rows_differ, first = 0, 0, None
+    for rank in sorted(by_rank)[1:]:
+        other = rows_per_step(by_rank[rank])
+        for step in sorted(set(base) | set(other)):
+            a, b = base.get(step, []), other.get(step, [])
+            bad = [
+                k for k in range(max(len(a), len(b))) if k >= min(len(a), len(b)) or a[k] != b[k]
+            ]
+            if bad:
+                steps_differ += 1
+                rows_differ += len(bad)
+                if first is None:
+                    k = bad[0]
+                    first = {
+                        "step": step,
+                        "rank": rank,
+                        # (position, id) of that row on the first rank and on this one
+                        "first_rank_row": list(a[k]) if k < len(a) else None,
+                        "rank_row": list(b[k]) if k < len(b) else None,
+                    }
+    return {
+        "recorded": True,
+        "ranks": len(by_rank),
+        "steps": len(base),
+        "steps_differ": steps_differ,
+        "rows_differ": rows_differ,
+        "first": first,
+    }
 
 
 def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
@@ -531,6 +589,7 @@ def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -
             "schedule": schedule,
             "autotune": autotune,
             "spec": spec_difference(ca.get(SPEC), cb.get(SPEC)),
+            "ranks_agree": {"ref": rank_agreement(ca), "other": rank_agreement(cb)},
             "cause": parting_cause(points, schedule, autotune),
         }
     return {"ref": ra["run"], "other": rb["run"], "cases": cases}

@@ -152,6 +152,43 @@ def test_the_comparison_matches_tokens_across_ranks_and_orders(tmp_path):
     assert case["ids_equal"] and case["missing"] == []
 
 
+RANKS_AGREE = """
+import json, sys, torch
+from pathlib import Path
+root = Path(sys.argv[1]); sys.path.insert(0, sys.argv[2])
+from compare import STEPS, load_case, rank_agreement
+
+# Two steps of one PP=3 engine: a prefill chunk, then a verify pair
+# (p=12 sampled 7, p=13 drafted 70). Rank 2 takes the draft of another step (71).
+def steps(draft):
+    pos = torch.tensor(list(range(12)) + [12, 13])
+    ids = torch.tensor([100 + p for p in range(12)] + [7, draft])
+    info = torch.tensor([[1, 12]] * 12 + [[2, 2]] * 2)
+    return (pos, ids, info)
+for rank, draft in ((0, 70), (1, 70), (2, 71)):
+    torch.save({STEPS: steps(draft)}, root / f"pp3.out.5x1.rank{rank}.pt")
+torch.save({STEPS: steps(70)}, root / "pp1.out.5x1.rank0.pt")
+print(json.dumps({"pp3": rank_agreement(load_case(root / "pp3.out.json", "5x1")),
+                  "pp1": rank_agreement(load_case(root / "pp1.out.json", "5x1"))}))
+"""
+
+
+def test_the_ranks_agreement_on_each_steps_rows_is_checked_without_a_reference(tmp_path):
+    """Every PP rank must run the same (position, id) rows in each step; a
+    rank whose draft id comes from another step is named, with the row on
+    the first rank and on it. PP=1 has nothing to compare."""
+    r = script_json(RANKS_AGREE, str(tmp_path), str(COMMON))
+    assert r["pp3"] == {
+        "recorded": True,
+        "ranks": 3,
+        "steps": 2,
+        "steps_differ": 1,
+        "rows_differ": 1,
+        "first": {"step": 2, "rank": 2, "first_rank_row": [13, 70], "rank_row": [13, 71]},
+    }
+    assert r["pp1"] == {"recorded": False, "ranks": 1}
+
+
 CACHED = """
 import json, subprocess, sys
 from pathlib import Path
