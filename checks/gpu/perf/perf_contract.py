@@ -102,6 +102,32 @@ def _peak(memory: list[dict[str, Any]] | None, rank: int, phase: str) -> int | N
     return entry.get("peaks", {}).get(phase, {}).get("nvml")
 
 
+def start_memory(raw: dict[str, Any] | None, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 27 item 5, per rank: the plan's predicted start peak (its largest
+    phase, `start_peak`, with the terms it adds) beside what the rank's process
+    held before serving: NVML (context and all: an upper bound, on a card with
+    room the allocator keeps more), torch's reserved and allocated peaks (the
+    tensors' own need; allocated from p2 on). `nvml_over_predicted_bytes` > 0:
+    the plan predicted less than the process took."""
+    out = []
+    for rank, planned in enumerate(plan["ranks"]):
+        predicted = planned["start_peak"]["predicted_bytes"]
+        entry = ((raw or {}).get("memory_start") or [])[rank : rank + 1]
+        seen = entry[0]["peaks"].get("start", {}) if entry and entry[0].get("pid_visible") else {}
+        nvml = seen.get("nvml")
+        out.append({
+            "rank": rank,
+            "predicted_bytes": predicted,
+            "predicted_phase": planned["start_peak"]["phase"],
+            "predicted_terms": {t["name"]: t["bytes"] for t in planned["start_peak"]["terms"]},
+            "nvml_bytes": nvml,
+            "reserved_bytes": seen.get("reserved"),
+            "allocated_bytes": seen.get("allocated"),
+            "nvml_over_predicted_bytes": None if nvml is None else nvml - predicted,
+        })  # fmt: skip
+    return out
+
+
 def rank_rows(
     raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: float, kv_in_vram: bool = False
 ) -> tuple[list[dict[str, Any]], list[list[MeasuredStep] | None]]:
@@ -192,6 +218,7 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
         "ranks": ranks,
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
         "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
+        "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
         "sources": {
             "hbm_bytes_per_step": "computed (projection.hbm_bytes_per_step): the plan's per-rank "
             "weight bytes from the safetensors headers, uniform routing, GDN/QSA state from "
@@ -211,6 +238,8 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
             "step's ids from the GPU and copies them, is ple_gather in the raw file",
             "start_peak_bytes": "NVML, this process's used memory, peak before serving",
             "planned_bytes": "the 3x3090 plan's committed bytes per rank",
+            "start_memory": "the offload engine's start peaks per process (NVML, torch "
+            "reserved and allocated) beside the plan's predicted start peak (start_peak)",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
         },
         "engines": {

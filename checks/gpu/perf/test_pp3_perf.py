@@ -368,6 +368,29 @@ def _contract_of(raw: dict) -> dict:
     return perf_contract.build("p1", inputs, {"offload": raw}, bandwidth)
 
 
+def test_contract_sets_each_ranks_predicted_start_peak_beside_what_p1_measured():
+    """Issue 27 item 5 on p1's real record: the plan's start_peak prediction
+    per rank (its terms too) next to the process's NVML and reserved peaks; p1
+    kept no allocated peak (the sampler keeps it from p2 on)."""
+    doc = _contract_of(json.loads(P1_RAW.read_text()))
+    inputs = json.loads(P1_INPUTS.read_text())
+    raw = json.loads(P1_RAW.read_text())
+    memory = doc["start_memory"]
+    assert [m["rank"] for m in memory] == [0, 1, 2]
+    for m, planned, seen in zip(memory, inputs["plans"]["0"]["ranks"], raw["memory_start"],
+                                strict=True):  # fmt: skip
+        assert m["predicted_bytes"] == planned["start_peak"]["predicted_bytes"]
+        assert sum(m["predicted_terms"].values()) <= m["predicted_bytes"]
+        assert {"weights", "cuda_context", "marlin_repack"} <= set(m["predicted_terms"])
+        assert m["nvml_bytes"] == seen["peaks"]["start"]["nvml"]
+        assert m["reserved_bytes"] == seen["peaks"]["start"]["reserved"]
+        assert m["allocated_bytes"] is None
+        assert m["nvml_over_predicted_bytes"] == m["nvml_bytes"] - m["predicted_bytes"]
+    # p1: every rank's process took 1.3-2.6 GB more than the plan predicted.
+    over = [m["nvml_over_predicted_bytes"] for m in memory]
+    assert all(1.3e9 < x < 2.6e9 for x in over), over
+
+
 def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
     raw = json.loads(P1_RAW.read_text())
     doc = _contract_of(raw)
