@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pinned vLLM's GDN spec-decode kernels, run on CPU by Triton's interpreter.
 
-    TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= python checks/gpu/pp3/spec_gdn_cpu.py
+    TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= python checks/gpu/pp3/spec_gdn_cpu.py   (triton_cpu.py)
 
 e3 saw MTP draft rows part at layer 0's GDN between PP=1 and PP=3 where the
 verify rows' GDN metadata was equal (RESULTS.md, e3 item 6). A row that
@@ -30,39 +30,12 @@ not a copy.
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import torch
+import triton_cpu
 
-# vLLM swaps in CPU ops when its platform is the CPU, and drops Triton unless
-# one driver is active (or the devices are emptied, as here).
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-assert os.environ.get("CUDA_VISIBLE_DEVICES") == "", "run with CUDA_VISIBLE_DEVICES="
-assert "VLLM_TARGET_DEVICE" not in os.environ, "unset VLLM_TARGET_DEVICE"
-
-import triton.runtime.interpreter as interpreter  # noqa: E402
-
-_grid_executor_init = interpreter.GridExecutor.__init__
-
-
-def _init(self, fn, arg_names, grid, *rest):
-    # causal_conv1d_fn's grid function stores plain tensors into META
-    # (batch_ptr): convert them as the interpreter converted the arguments.
-    if callable(grid):
-        inner = grid
-
-        def grid(args):
-            size = inner(args)
-            for name, value in list(args.items()):
-                if isinstance(value, torch.Tensor):
-                    args[name] = interpreter._implicit_cvt(value)
-            return size
-
-    _grid_executor_init(self, fn, arg_names, grid, *rest)
-
-
-interpreter.GridExecutor.__init__ = _init
+triton_cpu.enable()
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (  # noqa: E402
     causal_conv1d_fn,

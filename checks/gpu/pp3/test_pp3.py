@@ -916,6 +916,18 @@ def test_compare_counts_nan_rows_by_kind_and_judges_them():
     assert r["late"]["equal"] is True and r["late_nan"] == {"ref": 0, "other": 1}
 
 
+def interpreted(script: str) -> dict:
+    """A script of this folder's last line of output, as JSON, run in the pinned
+    vLLM env with its Triton kernels interpreted on CPU (triton_cpu.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env |= {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(
+        [vllm_python(), str(PP3 / script)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_the_spec_gdn_kernels_read_only_what_was_written_and_match_a_plain_run():
     """e3 item 6's reading, run: the pinned vLLM's two verify-step kernels
     (conv with its accepted-token offset, the recurrent kernel on the spec
@@ -925,14 +937,7 @@ def test_the_spec_gdn_kernels_read_only_what_was_written_and_match_a_plain_run()
     history as one plain sequence, so a draft row cannot part by reading
     state nothing wrote; the control (acceptances kept from the kernels)
     parts from the first step after an acceptance."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
-    env |= {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(
-        [vllm_python(), str(PP3 / "spec_gdn_cpu.py")],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = interpreted("spec_gdn_cpu.py")
     lives = [*r["conv"].values(), r["recurrent"]]
     for life in lives:
         assert len(life) == len(r["accepted"]) == 7
@@ -944,3 +949,29 @@ def test_the_spec_gdn_kernels_read_only_what_was_written_and_match_a_plain_run()
     for life in r["control"].values():
         assert all(s["verified"] == s["draft"] == 0.0 for s in life[:first_after])
         assert all(s["verified"] > 1e-3 and s["draft"] > 1e-3 for s in life[first_after:])
+
+
+def test_verify_rows_in_a_step_that_also_prefills_equal_the_same_rows_run_alone():
+    """e3's draft rows parted only where verifies shared steps with prefill
+    chunks. Through vLLM's own GDN metadata builder and _forward_core, a
+    request life of e3's 20000x4 kind (verifies beside first and later
+    prefill chunks, in either order, one acceptance, two verifies together)
+    gives every verify request's two rows exactly what the same request run
+    alone in a pure verify step gives, from the same cache with every slot
+    NaN until written. The control (A's accepted count wrong in one mixed
+    step) reads a slot nothing wrote: its rows are NaN from there on, the
+    other request's are not."""
+    r = interpreted("spec_gdn_mixed_cpu.py")
+    life, control = r["life"], r["control"]
+    assert [(s["step"], s["request"]) for s in life] == [
+        (2, "A"), (3, "A"), (4, "A"), (5, "A"), (5, "D"), (6, "D"),
+    ]  # fmt: skip
+    assert {s["prefills"] for s in life} == {0, 1} and {s["spec_decodes"] for s in life} == {1, 2}
+    for s in life:
+        assert s["verified"] == 0.0 and s["draft"] == 0.0 and s["nan"] == [False, False]
+        assert s["row_mean"] > 1e-3  # rows with something in them
+    wrong = [s for s in control if s["request"] == "A"]
+    assert all(s["nan"] == [True, True] for s in wrong)
+    assert all(
+        s["nan"] == [False, False] and s["draft"] == 0.0 for s in control if s["request"] == "D"
+    )
