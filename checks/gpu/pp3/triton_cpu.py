@@ -17,7 +17,7 @@ itself lacks is bridged:
 - nothing can be pinned without a driver: vLLM's PIN_MEMORY flags are off.
 
 bf16 is not interpreted faithfully (causal_conv1d_fn returns NaN for bf16
-input where fp16 and fp32 agree with a plain run); scripts use fp16.
+input where fp16 and fp32 return numbers); scripts use fp16 or fp32.
 FLA's chunk prefill kernel cannot run (a loop index used as a tensor).
 """
 
