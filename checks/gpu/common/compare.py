@@ -359,6 +359,10 @@ def compare_point(
                     "id": keys[top][1],
                     "row_mean_rel": float(rel_mean[top]),
                     "row_max_rel": float(rel_max[top]),
+                    # Its mean |value| against the kind's median: a row far
+                    # smaller than its kind's makes rounding large relative to it.
+                    "scale": float(scale[top]),
+                    "kind_scale_median": float(scale[rows].median()),
                 },
             }
     result = {

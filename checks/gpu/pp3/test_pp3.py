@@ -787,6 +787,7 @@ def test_each_kind_names_its_worst_row_and_where_each_engine_ran_it():
     worst = draft["worst"]
     assert (worst["position"], worst["id"]) == (23, 6)
     assert worst["row_mean_rel"] == draft["max_row_mean_rel"] > 0.5
+    assert worst["scale"] > 0 and worst["kind_scale_median"] > 0
     # Ref ran it in step 2's run [20, 24) of 8 tokens; the other alone in step 3.
     assert worst["context"] == {"ref": [20, 4, 8], "other": [23, 1, 1]}
     fields = worst["spec"]["ref"]
