@@ -354,6 +354,8 @@ def compare_point(
                 "max_row_mean_rel": worst(rel_mean, rows),
                 "first_parting_position": min(firsts) if firsts else None,
                 "nan_rows": {"ref": int(nan_a[rows].sum()), "other": int(nan_b[rows].sum())},
+                # One row past rounding or all of them: a stray row or the kind's path.
+                "rows_over_rounding": int((rel_mean[rows] > BF16_ROW_MEAN).sum()),
                 "worst": {
                     "position": keys[top][0],
                     "id": keys[top][1],

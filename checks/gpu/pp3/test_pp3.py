@@ -784,6 +784,8 @@ def test_each_kind_names_its_worst_row_and_where_each_engine_ran_it():
     assert with_spec[(20, 5)] == "decode" and with_spec[(21, 5)] == "draft"
     draft = r["by_kind"]["draft"]
     assert draft["tokens"] == 2 and draft["first_parting_position"] == 23
+    assert draft["rows_over_rounding"] == 1  # B's draft; A's agrees
+    assert r["by_kind"]["decode"]["rows_over_rounding"] == 0
     worst = draft["worst"]
     assert (worst["position"], worst["id"]) == (23, 6)
     assert worst["row_mean_rel"] == draft["max_row_mean_rel"] > 0.5
