@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -99,22 +100,17 @@ def rank_agreement(case: dict[str, tuple]) -> dict[str, Any]:
     for rank in sorted(by_rank)[1:]:
         other = rows_per_step(by_rank[rank])
         for step in sorted(set(base) | set(other)):
-            a, b = base.get(step, []), other.get(step, [])
             bad = [
-                k for k in range(max(len(a), len(b))) if k >= min(len(a), len(b)) or a[k] != b[k]
+                (x, y) for x, y in zip_longest(base.get(step, []), other.get(step, [])) if x != y
             ]
             if bad:
                 steps_differ += 1
                 rows_differ += len(bad)
                 if first is None:
-                    k = bad[0]
-                    first = {
-                        "step": step,
-                        "rank": rank,
-                        # (position, id) of that row on the first rank and on this one
-                        "first_rank_row": list(a[k]) if k < len(a) else None,
-                        "rank_row": list(b[k]) if k < len(b) else None,
-                    }
+                    x, y = bad[0]
+                    # (position, id) of that row on the first rank and on this one
+                    first = {"step": step, "rank": rank, "first_rank_row": x and list(x),
+                             "rank_row": y and list(y)}  # fmt: skip
     return {
         "recorded": True,
         "ranks": len(by_rank),
@@ -135,6 +131,17 @@ def _unique_rows(pos, ids, rows) -> dict[tuple[int, int], int]:
     return {k: v for k, v in seen.items() if k not in dup}
 
 
+def spec_fields(spec: tuple | None) -> dict[tuple[int, int], dict[str, int]]:
+    """Per verify-row key, its GDN metadata (`#spec`) by field name."""
+    if spec is None:
+        return {}
+    rows = spec[2].tolist()
+    return {
+        key: dict(zip(SPEC_FIELDS, rows[i], strict=True))
+        for key, i in _unique_rows(spec[0], spec[1], spec[2]).items()
+    }
+
+
 def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:
     """MTP verify rows both engines ran (keyed by position and id): how many
     ran under other GDN metadata, the first such key and which fields. Equal
@@ -142,15 +149,10 @@ def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:
     other metadata at how the step was built."""
     if a is None or b is None:
         return {"recorded": False}
-    ua, ub = _unique_rows(*a), _unique_rows(*b)
-    keys = sorted(set(ua) & set(ub))
-    fields: set[str] = set()
-    differ = []
-    for key in keys:
-        va, vb = a[2][ua[key]].tolist(), b[2][ub[key]].tolist()
-        if va != vb:
-            differ.append(key)
-            fields |= {f for f, x, y in zip(SPEC_FIELDS, va, vb, strict=True) if x != y}
+    fa, fb = spec_fields(a), spec_fields(b)
+    keys = sorted(set(fa) & set(fb))
+    differ = [key for key in keys if fa[key] != fb[key]]
+    fields = {f for key in differ for f in SPEC_FIELDS if fa[key][f] != fb[key][f]}
     return {
         "recorded": True,
         "rows": len(keys),
@@ -182,17 +184,6 @@ def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, i
             contexts[key] = (pos[i], j - i, info[i][1])
         i = j
     return {k: v for k, v in contexts.items() if k not in dup}
-
-
-def spec_fields(spec: tuple | None) -> dict[tuple[int, int], dict[str, int]]:
-    """Per verify-row key, its GDN metadata (`#spec`) by field name."""
-    if spec is None:
-        return {}
-    rows = spec[2].tolist()
-    return {
-        key: dict(zip(SPEC_FIELDS, rows[i], strict=True))
-        for key, i in _unique_rows(spec[0], spec[1], spec[2]).items()
-    }
 
 
 def row_kinds(
@@ -464,17 +455,15 @@ def _where_rows_ran(ca: dict, cb: dict):
     """A key -> where each engine ran that row: its run (first position,
     length, the step's token count; row_contexts) and, for a verify row,
     its GDN metadata (`#spec`); None where not recorded."""
-    contexts = row_contexts(ca.get(STEPS)), row_contexts(cb.get(STEPS))
-    specs = spec_fields(ca.get(SPEC)), spec_fields(cb.get(SPEC))
+    sides = {
+        side: (row_contexts(c.get(STEPS)), spec_fields(c.get(SPEC)))
+        for side, c in (("ref", ca), ("other", cb))
+    }
 
     def ran(key: tuple[int, int]) -> dict[str, Any]:
-        def both(maps):
-            return {side: m.get(key) for side, m in zip(("ref", "other"), maps, strict=True)}
-
-        context = both(contexts)
         return {
-            "context": {side: list(c) if c else None for side, c in context.items()},
-            "spec": both(specs),
+            "context": {s: list(c[key]) if key in c else None for s, (c, _) in sides.items()},
+            "spec": {s: f.get(key) for s, (_, f) in sides.items()},
         }
 
     return ran

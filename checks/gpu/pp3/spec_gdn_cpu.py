@@ -44,6 +44,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (  # noqa: E402
 from vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating import (  # noqa: E402
     fused_sigmoid_gating_delta_rule_update,
 )
+from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata  # noqa: E402
 
 WIDTH, K = 4, 1  # the tiny model's conv kernel; MTP K=1 (one draft per verify)
 DIM, HEADS, HEAD_DIM = 16, 2, 16
@@ -55,19 +56,10 @@ I32 = torch.int32
 
 
 def conv_metadata(seqlens: list[int]) -> SimpleNamespace:
-    """causal_conv1d_fn's program map per BLOCK_M (the builder's
-    compute_causal_conv1d_metadata, for one call)."""
-    nums = {}
-    for block in (2**i for i in range(9)):
-        chunks = [-(-n // block) for n in seqlens]
-        seq = torch.repeat_interleave(torch.arange(len(chunks), dtype=I32), torch.tensor(chunks))
-        offsets = torch.tensor([o for c in chunks for o in range(c)], dtype=I32)
-        nums[block] = {
-            "tot": int(sum(chunks)), "mlist": seq, "mlist_len": len(seq), "offsetlist": offsets,
-            "batch_ptr": seq, "token_chunk_offset_ptr": offsets,
-        }  # fmt: skip
-    unused = torch.zeros(1, dtype=I32)  # every BLOCK_M's map carries its own
-    return SimpleNamespace(nums_dict=nums, batch_ptr=unused, token_chunk_offset_ptr=unused)
+    """causal_conv1d_fn's program map, as vLLM's GDN builder makes it."""
+    qsl = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=I32)
+    nums, batch_ptr, offsets = compute_causal_conv1d_metadata(qsl, device=torch.device("cpu"))
+    return SimpleNamespace(nums_dict=nums, batch_ptr=batch_ptr, token_chunk_offset_ptr=offsets)
 
 
 def conv_plain(w, b, rows: list[torch.Tensor]) -> torch.Tensor:

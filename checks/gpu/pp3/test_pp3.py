@@ -653,6 +653,33 @@ def test_e1_echo_drafter_could_not_be_right_on_a_target_that_never_repeats():
     ]
 
 
+E3 = PP3.parent / "results" / "pp3_equality-h200-e3.json"
+
+
+def echo_verify_keys(outputs: list[list[int]], prompt: int) -> tuple[set, set]:
+    """The (position, id) keys an echo drafter's verify steps give, K=1: the
+    decode row t_k at prompt + k, its draft (t_k again) at prompt + k + 1,
+    for each output token but the last."""
+    decode = {(prompt + k, t[k]) for t in outputs for k in range(len(t) - 1)}
+    draft = {(prompt + k + 1, t[k]) for t in outputs for k in range(len(t) - 1)}
+    return decode, draft
+
+
+def test_e3_matched_one_draft_row_more_than_its_outputs_predict():
+    """pp3 README (what to read in e4): at 20000x4 e3 compared 21 draft rows
+    and 20 decode rows; the two engines' outputs, through the echo
+    drafter's keys, predict 20 and 20. The extra draft row is e4's to name."""
+    record = json.loads(E3.read_text())
+    engines = ("pp1-graphs-offload-mtp", "pp3-graphs-offload-mtp")
+    outputs = [record["engines"][e]["ids"]["20000x4"] for e in engines]
+    (dec1, draft1), (dec3, draft3) = (echo_verify_keys(o, 20000) for o in outputs)
+    assert (len(dec1 & dec3), len(draft1 & draft3)) == (20, 20)
+    by_kind = record["comparisons"]["pp3-graphs-offload-mtp"]["cases"]["20000x4"]["points"][
+        "layer.0.gdn"
+    ]["by_kind"]
+    assert (by_kind["decode"]["tokens"], by_kind["draft"]["tokens"]) == (20, 21)
+
+
 SCHEDULES = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
