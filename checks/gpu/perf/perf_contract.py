@@ -4,10 +4,18 @@
 
 Reads FILE (pp3_perf.py prepare's inputs.json: plans, per-rank bytes, config;
 `run` copies it to $OUT/pp3_perf_inputs.json),
-RAW/pp3_perf_raw-RUN-*.json (one per engine) and the measured bandwidth
-(results/hbm_bandwidth-h200-b1.json). A field nothing measured is null and
-its path is listed under `missing`; no figure is made up. Computed fields
-(HBM and PCIe bytes, the projection) say so in `sources`.
+RAW/pp3_perf_raw-RUN-*.json (one per engine), the measured bandwidth
+(results/hbm_bandwidth-h200-b1.json) and, when given, the same run's
+shared_gpu_calibration.json. A field nothing measured is null and its path
+is listed under `missing`; no figure is made up. Computed fields (HBM and
+PCIe bytes, the projection) say so in `sources`.
+
+Three ranks share one GPU here (`timeshare.py`). `gpu_busy_ms` is each
+rank's kernel time as the profiler saw it; `time_sharing` says how much of
+it another rank's kernel was in flight beside, and the projection takes the
+GPU time the calibration says recovers a rank's time alone: `fair` or
+`busy`; uncalibrated (or neither held), `busy`, an upper bound, and the
+basis says so.
 """
 
 from __future__ import annotations
@@ -128,13 +136,25 @@ def start_memory(raw: dict[str, Any] | None, plan: dict[str, Any]) -> list[dict[
     return out
 
 
+def gpu_time_model(calibration: dict[str, Any] | None) -> str:
+    """The reading of a shared rank's kernel time the calibration upheld (`fair`
+    or `busy`); `busy` without one: the profiler's figure, an upper bound."""
+    model = ((calibration or {}).get("verdict") or {}).get("model")
+    return model if model in ("fair", "busy") else "busy"
+
+
 def rank_rows(
-    raw: dict[str, Any] | None, inputs: dict[str, Any], read_bps: float, kv_in_vram: bool = False
-) -> tuple[list[dict[str, Any]], list[list[MeasuredStep] | None]]:
-    """One row per rank and batch (1 and 4) of an engine; the projection's inputs."""
+    raw: dict[str, Any] | None,
+    inputs: dict[str, Any],
+    read_bps: float,
+    kv_in_vram: bool = False,
+    gpu_model: str = "busy",
+) -> tuple[list[dict[str, Any]], list[list[MeasuredStep] | None], list[dict[str, Any]]]:
+    """One row per rank and batch (1 and 4) of an engine; the projection's
+    inputs; per rank and batch, how its kernels shared the GPU."""
     plan = inputs["plans"]["0"]
     config = inputs["config"]
-    rows_out, steps = [], {1: [], 4: []}
+    rows_out, steps, sharing_out = [], {1: [], 4: []}, []
     for batch in (1, 4):
         case = _decode_case(raw, batch)
         for rank in range(len(plan["ranks"])):
@@ -155,9 +175,14 @@ def rank_rows(
             # Kernels less NCCL's (which wait for the peer on the GPU); records
             # before the split (p1) summed annotations too and give none.
             busy = prof.get("compute_ms_per_step")
-            cpu = w.get("execute_wall_ms")
-            if cpu is not None and (w.get("sample_tokens") or {}).get("wall_us_median"):
-                cpu += w["sample_tokens"]["wall_us_median"] / 1e3
+            shared = prof.get("time_sharing") or {}
+            gpu_ms = shared.get("fair_ms_per_step") if gpu_model == "fair" else busy
+            if case:
+                sharing_out.append({"rank": rank, "batch": batch} | shared)
+            # The host's share of the critical path: from its last wait for the
+            # step's input to its graph launch. execute_model's whole wall time
+            # (p1: 30.8 ms of a 28.7 ms decode step) is mostly those waits.
+            cpu = w.get("host_critical_ms")
             # The host gather proper (HostRowGather._select). The whole gather() call,
             # which first waits for the step's ids from the GPU (on rank 0 at c=1 the
             # pipeline's previous step), is `ple_gather` in the raw file, not here.
@@ -167,11 +192,11 @@ def rank_rows(
             row = {
                 "rank": rank,
                 "batch": batch,
-                "step_ms": w.get("step_period_ms"),
+                "step_ms": w.get("decode_period_ms"),
                 "gpu_busy_ms": busy,
                 "hbm_bytes_per_step": hbm["total"] if hbm else None,
                 "roofline_fraction": (
-                    roofline_fraction(hbm["total"], busy, read_bps) if hbm else None
+                    roofline_fraction(hbm["total"], gpu_ms, read_bps) if hbm else None
                 ),
                 "cpu_ms": cpu,
                 "ple_gather_us": ple,
@@ -181,10 +206,10 @@ def rank_rows(
                 "planned_bytes": plan["ranks"][rank]["committed_bytes"],
             }
             rows_out.append(row)
-            if None not in (busy, cpu, pcie, hbm):
-                steps[batch].append(MeasuredStep(busy, cpu, pcie, hbm["total"]))
+            if None not in (gpu_ms, cpu, pcie, hbm):
+                steps[batch].append(MeasuredStep(gpu_ms, cpu, pcie, hbm["total"]))
     n = len(plan["ranks"])
-    return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])]
+    return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])], sharing_out
 
 
 def _draft_ms(raw: dict[str, Any] | None) -> float | None:
@@ -196,12 +221,18 @@ def _draft_ms(raw: dict[str, Any] | None) -> float | None:
     return us / 1e3 if us is not None else None
 
 
-def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
-          bandwidth: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def build(
+    run_id: str,
+    inputs: dict[str, Any],
+    raws: dict[str, dict[str, Any]],
+    bandwidth: dict[str, Any],
+    calibration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     read_bps = bandwidth["results"]["read"]["bytes_per_s"]
     links = Links(read_bps, bandwidth["results"]["h2d_pinned"]["bytes_per_s"])
-    ranks, (c1, c4) = rank_rows(raws.get("offload"), inputs, read_bps)
-    _, (mtp1, _c4) = rank_rows(raws.get("mtp1"), inputs, read_bps)
+    model = gpu_time_model(calibration)
+    ranks, (c1, c4), sharing = rank_rows(raws.get("offload"), inputs, read_bps, gpu_model=model)
+    _, (mtp1, _c4), _ = rank_rows(raws.get("mtp1"), inputs, read_bps, gpu_model=model)
     acceptance = (
         (inputs["plans"].get("1") or {}).get("mtp", {}).get("projection", {}).get("acceptance_rate")
     )
@@ -209,6 +240,8 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
                               acceptance_rate=acceptance)  # fmt: skip
     if not c1:
         projection["basis"] = None
+    else:
+        projection["basis"] = f"{gpu_time_basis(model, calibration)}; {projection['basis']}"
     doc = {
         "model": "full-size, dummy weights",
         "emulated": True,
@@ -219,20 +252,30 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
         "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
         "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
+        "time_sharing": {
+            "gpu_time": model,
+            "calibration": (calibration or {}).get("verdict"),
+            "ranks": sharing,
+        },
         "sources": {
             "hbm_bytes_per_step": "computed (projection.hbm_bytes_per_step): the plan's per-rank "
             "weight bytes from the safetensors headers, uniform routing, GDN/QSA state from "
             "config.json; rows and context as the decode window ran them",
             "pcie_bytes_per_step": "computed: the QSA offload's selected K/V rows per decode row "
             "(patch 0022 reads them by UVA inside the graph, where nothing can count them)",
-            "roofline_fraction": f"hbm_bytes_per_step / gpu_busy_ms / {read_bps:.4g} B/s "
+            "roofline_fraction": f"hbm_bytes_per_step / the GPU time time_sharing.gpu_time "
+            f"names (busy: gpu_busy_ms) / {read_bps:.4g} B/s "
             "(results/hbm_bandwidth-h200-b1.json, read)",
-            "step_ms": "the rank's decode window wall time / its steps (CUDA-synchronised ends)",
-            "gpu_busy_ms": "torch.profiler: the rank's kernels' device time / profiled steps, "
-            "NCCL's kernels (their wait for the peer) and GPU-side annotations left out; "
-            "both are in the raw file",
-            "cpu_ms": "median wall time of the rank's execute_model (+ sample_tokens), "
-            "entry to return",
+            "step_ms": "the rank's wall time per decode step over the window's trailing run "
+            "of decode steps (the prompt's prefill chunks left out; CUDA-synchronised end)",
+            "gpu_busy_ms": "torch.profiler, started after the prefill: the rank's kernels' "
+            "device time / profiled decode steps, NCCL's kernels (their wait for the peer) "
+            "and GPU-side annotations left out; both are in the raw file. Three ranks "
+            "share one GPU: time_sharing has how much of it another rank's kernel was in "
+            "flight beside",
+            "cpu_ms": "median per decode step of the host's time from the end of its last "
+            "wait for the step's input (rank 0: the PLE gather's wait for the ids; later "
+            "ranks: the PP receive) to its graph launch; an upper bound on later ranks",
             "ple_gather_us": "patch 0012's HostRowGather._select (the host row gather, its "
             "page faults) per decode step; the whole gather() call, which also waits for the "
             "step's ids from the GPU and copies them, is ple_gather in the raw file",
@@ -261,6 +304,18 @@ def build(run_id: str, inputs: dict[str, Any], raws: dict[str, dict[str, Any]],
     return doc
 
 
+def gpu_time_basis(model: str, calibration: dict[str, Any] | None) -> str:
+    verdict = (calibration or {}).get("verdict")
+    if verdict is None:
+        return ("GPU time: the profiler's kernel time (busy), an upper bound: no "
+                "shared_gpu_calibration for this run")  # fmt: skip
+    if verdict.get("model") is None:
+        return ("GPU time: the profiler's kernel time (busy), an upper bound: the "
+                "calibration upheld neither reading")  # fmt: skip
+    return (f"GPU time: {model} (shared_gpu_calibration: within "
+            f"{verdict['tolerance']:.0%} of a process's kernel time alone)")  # fmt: skip
+
+
 def missing_paths(doc: dict[str, Any]) -> list[str]:
     out = []
     for i, run in enumerate(doc["runs"]):
@@ -279,7 +334,9 @@ def main(args) -> int:
     raws = {}
     for path in sorted(args.raw.glob(f"pp3_perf_raw-{args.run_id}-*.json")):
         raws[path.stem.removeprefix(f"pp3_perf_raw-{args.run_id}-")] = json.loads(path.read_text())
-    doc = build(args.run_id, inputs, raws, json.loads(args.bandwidth.read_text()))
+    calibration_path = args.calibration or args.raw / "shared_gpu_calibration.json"
+    calibration = json.loads(calibration_path.read_text()) if calibration_path.exists() else None
+    doc = build(args.run_id, inputs, raws, json.loads(args.bandwidth.read_text()), calibration)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dest = args.out_dir / f"pp3_perf-{args.run_id}.json"
     dest.write_text(json.dumps(doc, indent=1) + "\n")

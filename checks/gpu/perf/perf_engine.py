@@ -13,7 +13,9 @@ total (NVML), the start gate only (`--kv-cache-memory-bytes` sizes the KV).
 Cases: `decode` at concurrency c (prompts of 3,000 token ids): a generate of
 one new token (its time: TTFT), one of 1 + 64 (decode tok/s = c x 64 / the
 difference), each rank's steps recorded in a window (step_probe.window_*),
-then one of 1 + 16 under torch.profiler (each rank's kernels). `ttft`: one
+then one under torch.profiler, armed to start after the prefill (each rank's
+decode kernels; with timeshare.attach_sharing, how much of each rank's
+kernel time another rank's kernel shared the card). `ttft`: one
 prompt, one new token. Writes OUT.json after every case. A case that fails
 records its `stage` and keeps what it measured; the engine stops there and
 makes no further collective_rpc (a dead worker takes the executor with it).
@@ -86,6 +88,7 @@ def outcome(cases: list[dict[str, Any]]) -> dict[str, Any]:
 def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
     import step_probe
     from rank_fit_worker import engine_args
+    from timeshare import attach_sharing
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -138,9 +141,10 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                 span = rec["generate_s"] - rec["ttft_s"]
                 rec["decode_tok_s"] = case["concurrency"] * case["new_tokens"] / span
                 stage = "profile window"
-                llm.collective_rpc(step_probe.profile_begin)
-                generate(batch, 1 + case["profile_tokens"])
-                rec["profile"] = llm.collective_rpc(step_probe.profile_end)
+                settle = case.get("profile_settle_steps", 1)
+                llm.collective_rpc(step_probe.profile_begin, args=(settle,))
+                generate(batch, 1 + case["profile_tokens"] + settle)
+                rec["profile"] = attach_sharing(llm.collective_rpc(step_probe.profile_end))
             rec["ok"] = True
         except Exception as exc:  # noqa: BLE001 - the record says how the case died
             # What the case measured before it died stays in rec.

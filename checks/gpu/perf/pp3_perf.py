@@ -59,6 +59,11 @@ MTP_MAX_MODEL_LEN = 131_072
 DECODE_PROMPT = 3_000
 DECODE_TOKENS = 64
 PROFILE_TOKENS = 16
+# The profiler starts after this many decode steps in a row (step_probe): at
+# c=1 the first decode step; at c>1 two pipeline depths (3 ranks), past the
+# steps where one request's prefill chunks still take turns with decodes.
+PROFILE_SETTLE = {1: 1}
+PROFILE_SETTLE_DEFAULT = 6
 TTFT_48K = 48_000
 NEW_TOKENS_AT_LIMIT = 2  # rank_fit's 262k case: max_model_len - 2 prompt tokens
 
@@ -241,8 +246,10 @@ def cases_for(engine: Engine, max_model_len: int) -> list[dict[str, Any]]:
     out = []
     for kind, value in engine.cases:
         if kind == "decode":
+            settle = PROFILE_SETTLE.get(value, PROFILE_SETTLE_DEFAULT)
             out.append({"kind": "decode", "concurrency": value, "prompt_tokens": DECODE_PROMPT,
-                        "new_tokens": DECODE_TOKENS, "profile_tokens": PROFILE_TOKENS})  # fmt: skip
+                        "new_tokens": DECODE_TOKENS, "profile_tokens": PROFILE_TOKENS,
+                        "profile_settle_steps": settle})  # fmt: skip
         else:
             tokens = max_model_len - NEW_TOKENS_AT_LIMIT if value == "limit" else value
             out.append({"kind": "ttft", "concurrency": 1, "prompt_tokens": tokens})
@@ -356,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out-dir", type=Path, default=HERE.parent / "results")
     c.add_argument("--bandwidth", type=Path,
                    default=HERE.parent / "results" / "hbm_bandwidth-h200-b1.json")  # fmt: skip
+    c.add_argument(
+        "--calibration",
+        type=Path,
+        help="shared_gpu_calibration.json (default: RAW/shared_gpu_calibration.json)",
+    )
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         doc = prepare(args.work, args.mtp, args.host_facts)

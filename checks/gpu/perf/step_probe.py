@@ -4,8 +4,11 @@
     install(self)            wrap the rank's step and its parts (once)
     window_begin(self, name) start a window of steps (clears the records)
     window_end(self)         resolve the CUDA events, return the window's summary
-    profile_begin(self)      torch.profiler on, CPU and CUDA
-    profile_end(self)        off: kernels' device time per step, top kernels, host syncs
+    profile_begin(self, settle)  arm torch.profiler (CPU and CUDA): it starts at
+                             the first of `settle` decode steps in a row, so the
+                             generate's prefill chunks stay out of it
+    profile_end(self)        off: kernels' device time per decode step, top
+                             kernels, host syncs, every kernel's interval
     memory(self, phase)      this process's memory peaks (onegpu_perf's sampler)
 
 What is wrapped (Python only: inside a FULL_DECODE_ONLY graph nothing is,
@@ -23,9 +26,20 @@ so decode work is timed from outside):
   mapping's page faults happen), each with wall time and bytes (rows x row
   bytes);
 - the MTP drafter's `propose` (the V2 runner's `speculator`): wall time and
-  CUDA events (the draft step's cost on the last rank).
+  CUDA events (the draft step's cost on the last rank);
+- `torch.cuda.CUDAGraph.replay`: when the host launched the step's graph.
 A step is a decode step when no request is new and none is scheduled more
 than 1 + K tokens (K: speculative tokens).
+
+Two figures per window are decode steps only: `decode_period_ms`, the wall
+time per step over the trailing run of decode steps (the window's generate
+starts with its prompt's prefill chunks: p1's "38.3 ms a step" had 6 of
+them in 70 steps), and `host_critical_ms`, per decode step the host's time
+from the end of its last wait for the step's input (rank 0: the PLE gather's
+wait for the ids, where `_select` starts; later ranks: the PP receive's
+return) to its graph launch: the host's share of the token's critical path
+(an upper bound on later ranks, whose GPU may still wait for the data). The
+whole `execute_model` wall time counts those waits, the other ranks' work.
 """
 
 from __future__ import annotations
@@ -64,18 +78,21 @@ def _wrap_timed(owner, name: str, kind: str, events: bool, shape=None) -> None:
         rec: dict[str, Any] = {"kind": kind}
         if shape is not None and args:
             rec.update(shape(args[0]))
+        if kind == "execute_model" and rec.get("tokens"):
+            _maybe_start_profile(rec["decode"])
         if events:
             rec["ev"] = _events()
         t0 = _now()
         try:
             return inner(*args, **kwargs)
         finally:
-            rec["wall_us"] = (_now() - t0) * 1e6
+            t1 = _now()
+            rec |= {"t0": t0, "t1": t1, "wall_us": (t1 - t0) * 1e6}
             if events:
                 rec["ev"][1].record()
-            profiling = _STATE.get("profiling") is not None
-            if profiling and kind == "execute_model" and rec.get("tokens"):
-                _STATE["profiled_steps"] += 1
+            profiled = _STATE.get("profiling") is not None and rec.get("tokens")
+            if profiled and kind == "execute_model":
+                _STATE["profiled_steps" if rec["decode"] else "profiled_other_steps"] += 1
             _STATE["records"].append(rec)
 
     setattr(owner, name, timed)
@@ -87,7 +104,8 @@ def install(self) -> dict[str, Any]:
         return _STATE["installed"]
     from vllm.distributed import get_pp_group
 
-    _STATE.update(records=[], window=None, profiling=None, profiled_steps=0)
+    _STATE.update(records=[], window=None, profiling=None, armed=None, profiled_steps=0,
+                  profiled_other_steps=0)  # fmt: skip
     runner = self.model_runner
     spec = getattr(runner, "speculative_config", None) or getattr(
         self.vllm_config, "speculative_config", None
@@ -106,6 +124,7 @@ def install(self) -> dict[str, Any]:
         _wrap_timed(speculator, "propose", "mtp_propose", True)
         wrapped["mtp_propose"] = type(speculator).__name__
     wrapped.update(_wrap_ple_gather())
+    wrapped["graph_replay"] = _wrap_graph_replay()
     _STATE["installed"] = wrapped
     return wrapped
 
@@ -136,15 +155,35 @@ def _wrap_ple_gather() -> dict[str, bool]:
         return n
 
     def select(gather_self, ids, out):
+        # t0: gather() has the step's ids on the host here (its wait is over)
         t0 = _now()
         inner_select(gather_self, ids, out)
         wall_us = (_now() - t0) * 1e6
         bytes_ = _row_bytes(ids.numel(), out)
-        _STATE["records"].append({"kind": "ple_select", "wall_us": wall_us, "bytes": bytes_})
+        _STATE["records"].append({"kind": "ple_select", "t0": t0, "wall_us": wall_us,
+                                  "bytes": bytes_})  # fmt: skip
 
     cls.gather, cls._select = gather, select
     cls._perf_wrapped = True
     return {"ple_gather": True, "ple_select": True}
+
+
+def _wrap_graph_replay() -> bool:
+    """When the host launches a captured graph (the V2 runner's FULL decode graphs)."""
+    import torch
+
+    cls = torch.cuda.CUDAGraph
+    if getattr(cls, "_perf_wrapped", False):
+        return True
+    inner = cls.replay
+
+    def replay(graph_self, *args, **kwargs):
+        _STATE["records"].append({"kind": "graph_replay", "t0": _now()})
+        return inner(graph_self, *args, **kwargs)
+
+    cls.replay = replay
+    cls._perf_wrapped = True
+    return True
 
 
 def window_begin(self, name: str) -> None:
@@ -172,17 +211,54 @@ def window_end(self) -> dict[str, Any]:
         if ev is not None:
             rec["gpu_us"] = ev[0].elapsed_time(ev[1]) * 1e3
     _STATE["window"] = None
-    return summarize(records, window["name"], _STATE["installed"]["rank"], wall_s)
+    return summarize(records, window["name"], _STATE["installed"]["rank"], wall_s,
+                     t_end=window["t0"] + wall_s)  # fmt: skip
 
 
 # The kinds summarised per window besides execute_model (the step itself).
 WINDOW_KINDS = ("sample_tokens", "pp_send", "pp_recv", "ple_gather", "ple_select", "mtp_propose")
 
 
-def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s: float):
-    """A window's summary from its records (CUDA events already resolved to gpu_us)."""
+def decode_tail(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trailing run of decode steps: after the window's last prefill chunk."""
+    tail: list[dict[str, Any]] = []
+    for rec in reversed(steps):
+        if not rec.get("decode"):
+            break
+        tail.append(rec)
+    return tail[::-1]
+
+
+def host_critical_us(step: dict[str, Any], records: list[dict[str, Any]]) -> float | None:
+    """The host's time from the end of the step's last wait for its input to
+    its graph launch (module doc); None when the step waited for nothing on the
+    host (its host ran ahead of the GPU) or has no timestamps (p1)."""
+    if "t0" not in step:
+        return None
+
+    def inside(t: float | None) -> bool:
+        return t is not None and step["t0"] <= t <= step["t1"]
+
+    waits = [r["t0"] for r in records if r["kind"] == "ple_select" and inside(r.get("t0"))]
+    waits += [r["t1"] for r in records if r["kind"] == "pp_recv" and inside(r.get("t1"))]
+    if not waits:
+        return None
+    ready = max(waits)
+    launches = [r["t0"] for r in records if r["kind"] == "graph_replay"
+                and inside(r.get("t0")) and r["t0"] >= ready]  # fmt: skip
+    # No graph (an eager step): everything it launched was launched by its return.
+    return ((min(launches) if launches else step["t1"]) - ready) * 1e6
+
+
+def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s: float,
+              t_end: float | None = None):  # fmt: skip
+    """A window's summary from its records (CUDA events already resolved to gpu_us);
+    `t_end`: when the window closed (perf_counter), for the decode tail's period."""
     steps = [r for r in records if r["kind"] == "execute_model" and r.get("tokens")]
     decode = [r for r in steps if r.get("decode")]
+    tail = decode_tail(steps)
+    timed_tail = t_end is not None and tail and "t0" in tail[0]
+    critical = [us for us in (host_critical_us(r, records) for r in decode) if us is not None]
     out: dict[str, Any] = {
         "window": name,
         "rank": rank,
@@ -191,6 +267,10 @@ def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s
         "decode_steps": len(decode),
         "decode_rows": sorted({r["tokens"] for r in decode}),
         "step_period_ms": wall_s * 1e3 / len(steps) if steps else None,
+        "decode_tail_steps": len(tail),
+        "decode_period_ms": (t_end - tail[0]["t0"]) * 1e3 / len(tail) if timed_tail else None,
+        "host_critical_ms": _median([us / 1e3 for us in critical]),
+        "host_critical_steps": len(critical),
         "execute_wall_ms": _median([r["wall_us"] / 1e3 for r in decode]),
         "execute_gpu_span_ms": _median([r["gpu_us"] / 1e3 for r in decode if "gpu_us" in r]),
     }
@@ -210,16 +290,33 @@ def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s
     return out
 
 
-def profile_begin(self) -> None:
+def profile_begin(self, settle: int = 1) -> None:
+    """Arm the profiler: `_maybe_start_profile` starts it at the step that
+    completes `settle` decode steps in a row (1 at c=1: the first decode step;
+    more where decodes and other requests' prefill chunks take turns)."""
     import torch
 
-    torch.cuda.synchronize()
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     )
-    prof.start()
-    _STATE["profiling"] = prof
-    _STATE["profiled_steps"] = 0
+    _STATE.update(armed={"prof": prof, "settle": max(int(settle), 1), "run": 0},
+                  profiling=None, profiled_steps=0, profiled_other_steps=0)  # fmt: skip
+
+
+def _maybe_start_profile(decode: bool) -> None:
+    armed = _STATE.get("armed")
+    if armed is None:
+        return
+    armed["run"] = armed["run"] + 1 if decode else 0
+    if armed["run"] < armed["settle"]:
+        return
+    import torch
+
+    # The prefill's kernels, still queued under async scheduling, stay out.
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    armed["prof"].start()
+    _STATE.update(armed=None, profiling=armed["prof"])
 
 
 NCCL_KERNEL = "ncclDevKernel"
@@ -239,16 +336,27 @@ def _device_us(evt) -> float:
 def profile_end(self) -> dict[str, Any]:
     """Kernels' device time per profiled step (the GPU busy time), the top
     kernels, and the host's CUDA runtime calls that can block (count, CPU time)."""
-    import torch
+    from dataclasses import asdict
 
-    torch.cuda.synchronize()
+    import torch
+    from timeshare import kernels_of
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     prof = _STATE.pop("profiling", None)
     _STATE["profiling"] = None
     if prof is None:
-        return {"error": "profile_begin was not called"}
+        armed, _STATE["armed"] = _STATE.get("armed"), None
+        why = "no decode steps in a row came" if armed else "profile_begin was not called"
+        return {"rank": _STATE["installed"]["rank"], "error": f"not profiled: {why}"}
     prof.stop()
     steps = _STATE.get("profiled_steps", 0)
-    return {"rank": _STATE["installed"]["rank"]} | profile_summary(prof.key_averages(), steps)
+    return (
+        {"rank": _STATE["installed"]["rank"], "other_steps": _STATE["profiled_other_steps"]}
+        | profile_summary(prof.key_averages(), steps)
+        # every kernel's interval, for timeshare.sharing across the ranks (perf_engine)
+        | {"kernels": asdict(kernels_of(prof, NCCL_KERNEL))}
+    )
 
 
 def profile_summary(events, steps: int) -> dict[str, Any]:

@@ -331,6 +331,113 @@ def test_window_summary_has_the_whole_gather_and_its_select_apart():
                                   "gpu_us_median": None, "bytes": 0}  # fmt: skip
 
 
+def _step(t0, t1, decode, tokens=1):
+    return {"kind": "execute_model", "tokens": tokens, "decode": decode, "t0": t0, "t1": t1,
+            "wall_us": (t1 - t0) * 1e6}  # fmt: skip
+
+
+def test_window_times_decode_steps_apart_from_the_prompts_prefill():
+    """Made-up times (s): two 100 ms prefill chunks, then three decode steps of
+    30 ms whose host waits 25 ms for the step's input, then launches the graph."""
+    records = [_step(0.0, 0.1, False, 512), _step(0.1, 0.2, False, 512)]
+    for i in range(3):
+        t0 = 0.2 + 0.03 * i
+        records += [
+            {"kind": "pp_recv", "t0": t0, "t1": t0 + 0.025, "wall_us": 25_000.0},
+            {"kind": "graph_replay", "t0": t0 + 0.0252 + 0.0001 * i},
+            _step(t0, t0 + 0.026, True),
+        ]
+    out = step_probe.summarize(records, "decode-c1", 1, wall_s=0.29, t_end=0.29)
+    assert out["steps"] == 5 and out["step_period_ms"] == pytest.approx(58.0)  # prefill in
+    assert out["decode_tail_steps"] == 3
+    assert out["decode_period_ms"] == pytest.approx(30.0)  # (0.29 - 0.2) / 3
+    # wait end -> graph launch: 0.2, 0.3, 0.4 ms; the median
+    assert out["host_critical_steps"] == 3
+    assert out["host_critical_ms"] == pytest.approx(0.3)
+    assert out["execute_wall_ms"] == pytest.approx(26.0)  # the waits are in it
+    # rank 0: the ids are on the host where the PLE gather's _select starts; an
+    # eager step (no graph) launched all it did by its return
+    rank0 = [{"kind": "ple_select", "t0": 1.010, "wall_us": 40.0}, _step(1.0, 1.012, True)]
+    assert step_probe.host_critical_us(rank0[1], rank0) == pytest.approx(2000.0)
+    # no host wait in the step (the host ran ahead) or no timestamps (p1): none
+    assert step_probe.host_critical_us(_step(2.0, 2.001, True), records) is None
+    assert step_probe.host_critical_us({"kind": "execute_model"}, records) is None
+    # a window whose steps are all prefill has no decode period
+    assert step_probe.summarize(records[:2], "x", 0, 0.2, t_end=0.2)["decode_period_ms"] is None
+
+
+def test_p1_ran_the_same_kernel_on_the_same_shape_four_times_slower_on_the_last_rank():
+    """RESULTS.md p1, "three processes on one GPU time-slice": Humming's INT6
+    GEMM of one shape, 256 decode calls on each of ranks 1 and 2, took over 4x
+    as long a call on rank 2. Ranks sharing the card: what timeshare.py and
+    the calibration are for (not a rank's own kernel time)."""
+    profiles = json.loads(P1_RAW.read_text())["cases"][0]["profile"]
+
+    def per_call(rank: int) -> tuple[int, float]:
+        (kernel,) = [
+            k for k in profiles[rank]["top_kernels"] if "Shape<0u, 2560u, 6144u>" in k["name"]
+        ]
+        return kernel["calls"], kernel["device_us"] / kernel["calls"]
+
+    (calls1, us1), (calls2, us2) = per_call(1), per_call(2)
+    assert calls1 == calls2 == 256 and round(us1, 1) == 27.7 and round(us2, 1) == 119.8
+    assert us2 / us1 > 4
+
+
+# The profiler is armed and starts at the step completing `settle` decode steps
+# in a row, through the real wrapper and torch.profiler (on CPU).
+PROFILE_ARMING = """
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import torch
+import step_probe
+
+step_probe._STATE.update(records=[], window=None, profiling=None, armed=None, profiled_steps=0,
+                         profiled_other_steps=0, installed={"rank": 0})
+worker = types.SimpleNamespace(execute_model=lambda so: torch.ones(8).sum())
+step_probe._wrap_timed(worker, "execute_model", "execute_model", False,
+                       lambda so: step_probe._step_shape(so, 0))
+def step(decode):
+    n = 1 if decode else 512
+    return types.SimpleNamespace(num_scheduled_tokens={"a": n}, scheduled_new_reqs=[],
+                                 total_num_scheduled_tokens=n)
+step_probe.profile_begin(None, 2)
+started = []
+for decode in (False, True, False, True, True, True, False):
+    worker.execute_model(step(decode))
+    started.append(step_probe._STATE["profiling"] is not None)
+got = step_probe.profile_end(None)
+unarmed = step_probe.profile_end(None)
+step_probe.profile_begin(None, 3)
+worker.execute_model(step(True))
+never = step_probe.profile_end(None)
+print(json.dumps({"started": started, "steps": got["steps"], "other": got["other_steps"],
+                  "kernels": "kernels" in got, "unarmed": unarmed, "never": never}))
+"""
+
+
+def test_the_profiler_starts_after_settle_decode_steps_in_a_row():
+    python = os.environ.get("FLASHNEXT_VLLM_PY")
+    if not python:
+        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
+    proc = subprocess.run([python, "-c", PROFILE_ARMING, str(HERE)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # prefill, decode, prefill (the run restarts), decode, decode: started there
+    assert got["started"] == [False, False, False, False, True, True, True]
+    # the two decode steps from the start on, then the prefill after them
+    assert (got["steps"], got["other"], got["kernels"]) == (2, 1, True)
+    assert got["unarmed"] == {"rank": 0, "error": "not profiled: profile_begin was not called"}
+    assert got["never"] == {"rank": 0, "error": "not profiled: no decode steps in a row came"}
+
+
+def test_decode_cases_arm_the_profile_past_the_prefill(inputs):
+    cases = pp3_perf.cases_for(pp3_perf.ENGINES[0], 262_144)
+    settle = {c["concurrency"]: c["profile_settle_steps"] for c in cases if c["kind"] == "decode"}
+    assert settle == {1: 1, 4: 6}
+
+
 # --- a case that dies: its stage, its measured window, the engine's error -------
 
 
@@ -396,15 +503,18 @@ def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
     doc = _contract_of(raw)
     c4 = {r["rank"]: r for r in doc["ranks"] if r["batch"] == 4}
     for rank, window in enumerate(raw["cases"][1]["ranks"]):
-        assert c4[rank]["step_ms"] == window["step_period_ms"]  # the measured window
-        assert c4[rank]["cpu_ms"] is not None and c4[rank]["hbm_bytes_per_step"] is not None
+        assert c4[rank]["hbm_bytes_per_step"] is not None  # the window's rows: kept
         assert c4[rank]["gpu_busy_ms"] is None  # the profile died
+        # p1's window period counts the prompts' prefill chunks (88 steps, 64 decode)
+        # and its execute_model wall time the waits: neither is a decode figure
+        assert window["steps"] > window["decode_steps"] and "decode_period_ms" not in window
+        assert c4[rank]["step_ms"] is None and c4[rank]["cpu_ms"] is None
     assert [c["stage"] for c in doc["engines"]["offload"]["failed_cases"]] == [None]  # p1: no stage
     assert doc["engines"]["offload"]["failed_cases"][0]["window_kept"] is True
     # p1's c=1 profile summed GPU-side annotations (157 ms busy in a 38 ms step) and
     # has no compute split: no busy time is taken from it, so nothing is projected.
     c1 = [r for r in doc["ranks"] if r["batch"] == 1]
-    assert [r["gpu_busy_ms"] for r in c1] == [None] * 3 and all(r["step_ms"] for r in c1)
+    assert [r["gpu_busy_ms"] for r in c1] == [None] * 3
     assert doc["projection_3090"]["c1_tok_s"] is None
     assert doc["projection_3090"]["c4_tok_s"] is None  # needs every rank's GPU busy time
     # p1 timed only the whole gather() call (mostly the wait for ids): no ple_gather_us
@@ -415,7 +525,7 @@ def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
     # The same case marked as dying before its window ended is not used.
     raw["cases"][1]["stage"] = "decode window"
     early = _contract_of(raw)
-    assert all(r["step_ms"] is None for r in early["ranks"] if r["batch"] == 4)
+    assert all(r["hbm_bytes_per_step"] is None for r in early["ranks"] if r["batch"] == 4)
     assert early["engines"]["offload"]["failed_cases"][0]["window_kept"] is False
 
 
@@ -475,7 +585,8 @@ def test_hbm_bytes_terms_by_hand():
 
 def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
     n = len(inputs["plans"]["0"]["ranks"])
-    window = [{"rank": r, "decode_rows": [1], "step_period_ms": 30.0, "execute_wall_ms": 2.0,
+    window = [{"rank": r, "decode_rows": [1], "step_period_ms": 40.0, "decode_period_ms": 30.0,
+               "execute_wall_ms": 27.0, "host_critical_ms": 2.5 if r == n - 1 else 2.0,
                "sample_tokens": {"wall_us_median": 500.0 if r == n - 1 else None},
                "ple_gather": {"calls": 64 if r == 0 else 0,
                               "wall_us_per_step": 25_000.0 if r == 0 else None},
@@ -483,8 +594,19 @@ def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
                               "wall_us_per_step": 40.0 if r == 0 else None},
                "mtp_propose": {"gpu_us_median": 3000.0 if mtp_k and r == n - 1 else None}}
               for r in range(n)]  # fmt: skip
-    # busy 9 ms a step, of which 1 ms is NCCL's: the contract takes the 8 ms of compute
-    busy = {"gpu_busy_ms_per_step": 9.0, "compute_ms_per_step": 8.0}
+    # busy 9 ms a step, of which 1 ms is NCCL's: the contract takes the 8 ms of compute;
+    # 3/4 of it beside another rank's kernel, 4 ms by fair share
+    busy = {
+        "gpu_busy_ms_per_step": 9.0,
+        "compute_ms_per_step": 8.0,
+        "time_sharing": {
+            "busy_ms_per_step": 8.0,
+            "alone_ms_per_step": 2.0,
+            "fair_ms_per_step": 4.0,
+            "shared_fraction": 0.75,
+            "ranks": 3,
+        },
+    }
     prof = [{"rank": r} | busy for r in range(n)] if profile else None
     memory = [{"pid_visible": pid_visible, "peaks": {"start": {"nvml": 23 << 30},
                                                      "serving": {"nvml": 22 << 30}}}
@@ -512,6 +634,9 @@ def test_contract_has_exactly_the_issues_fields(inputs):
                                                                for r in range(3)]  # fmt: skip
     row = doc["ranks"][0]
     assert row["planned_bytes"] == inputs["plans"]["0"]["ranks"][0]["committed_bytes"]
+    # the decode steps' period and the host's share of the critical path, not the
+    # window's period with its prefill nor execute_model's wall time with its waits
+    assert row["step_ms"] == 30.0
     assert row["cpu_ms"] == 2.0 and doc["ranks"][2]["cpu_ms"] == 2.5
     # the host gather proper (_select), not the whole gather() call with its wait for ids
     assert row["ple_gather_us"] == 40.0 and doc["ranks"][1]["ple_gather_us"] == 0.0
@@ -525,6 +650,34 @@ def test_contract_has_exactly_the_issues_fields(inputs):
         doc["missing"]
     )
     assert not [m for m in doc["missing"] if m.startswith("ranks")]
+
+
+def test_contract_takes_the_gpu_time_the_calibration_upheld(inputs):
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    raws = {"offload": _fake_raw(inputs, "offload")}
+    read = bandwidth["results"]["read"]["bytes_per_s"]
+
+    def contract(model):
+        calibration = {"verdict": {"model": model, "tolerance": 0.2}} if model != "-" else None
+        return perf_contract.build("test", inputs, raws, bandwidth, calibration)
+
+    fair, busy, neither, none = (contract(m) for m in ("fair", "busy", None, "-"))
+    row = fair["ranks"][0]
+    assert row["gpu_busy_ms"] == 8.0  # the profiler's figure stays in the row
+    assert row["roofline_fraction"] == pytest.approx(row["hbm_bytes_per_step"] / 4e-3 / read)
+    assert fair["time_sharing"]["gpu_time"] == "fair"
+    assert fair["time_sharing"]["ranks"][0] == {"rank": 0, "batch": 1, "busy_ms_per_step": 8.0,
+                                                "alone_ms_per_step": 2.0, "fair_ms_per_step": 4.0,
+                                                "shared_fraction": 0.75, "ranks": 3}  # fmt: skip
+    # half the GPU time a step: a faster projection than busy's
+    assert fair["projection_3090"]["c1_tok_s"] > busy["projection_3090"]["c1_tok_s"]
+    assert fair["projection_3090"]["basis"].startswith("GPU time: fair (shared_gpu_calibration")
+    assert busy["projection_3090"]["basis"].startswith("GPU time: busy (shared_gpu_calibration")
+    for doc, why in ((neither, "upheld neither"), (none, "no shared_gpu_calibration")):
+        assert doc["time_sharing"]["gpu_time"] == "busy"
+        assert doc["projection_3090"]["c1_tok_s"] == busy["projection_3090"]["c1_tok_s"]
+        assert "an upper bound" in doc["projection_3090"]["basis"] and why in doc[
+            "projection_3090"]["basis"]  # fmt: skip
 
 
 def test_contract_leaves_null_what_was_not_measured(inputs):
