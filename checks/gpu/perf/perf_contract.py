@@ -275,7 +275,8 @@ def build(
             "flight beside",
             "cpu_ms": "median per decode step of the host's time from the end of its last "
             "wait for the step's input (rank 0: the PLE gather's wait for the ids; later "
-            "ranks: the PP receive) to its graph launch; an upper bound on later ranks",
+            "ranks: the PP receive, and only where the GPU had nothing left at the launch) "
+            "to its graph launch",
             "ple_gather_us": "patch 0012's HostRowGather._select (the host row gather, its "
             "page faults) per decode step; the whole gather() call, which also waits for the "
             "step's ids from the GPU and copies them, is ple_gather in the raw file",

@@ -144,7 +144,7 @@ class MeasuredStep:
     """One rank's decode step as measured on the H200 (inputs of the projection)."""
 
     gpu_busy_ms: float  # kernels' device time per step (torch profiler)
-    cpu_ms: float  # host time per step outside the GPU's work (measured)
+    cpu_ms: float  # the host's time on the critical path per step (measured)
     pcie_bytes: int  # QSA host reads per step (offload)
     hbm_bytes: int  # computed bytes read from HBM per step
 
@@ -213,8 +213,10 @@ def project_3090(
         f"{links.b3090_bytes_per_s / 1e9:.0f} GB/s (SPEC.md; at least the step's HBM bytes "
         "at that rate) + QSA host reads at the 3090's link "
         f"{links.link_3090_bytes_per_s / 1e9:.1f} GB/s (profiles/3x3090.toml, field report) "
-        "+ CPU time as measured on the H200 host; ranks added in turn (no pipeline "
-        "overlap); MTP: (1 + acceptance) tokens per round, acceptance "
+        "+ the host's critical time as measured on the H200 host (its last wait's end "
+        "to its graph launch); ranks added in turn (no pipeline overlap; the PP "
+        "transfers between cards not counted: loopback sockets here); MTP: "
+        "(1 + acceptance) tokens per round, acceptance "
         f"{acceptance_rate} from the profile (not measured: dummy weights)"
     )
     return out

@@ -37,9 +37,11 @@ starts with its prompt's prefill chunks: p1's "38.3 ms a step" had 6 of
 them in 70 steps), and `host_critical_ms`, per decode step the host's time
 from the end of its last wait for the step's input (rank 0: the PLE gather's
 wait for the ids, where `_select` starts; later ranks: the PP receive's
-return) to its graph launch: the host's share of the token's critical path
-(an upper bound on later ranks, whose GPU may still wait for the data). The
-whole `execute_model` wall time counts those waits, the other ranks' work.
+return) to its graph launch: the host's share of the token's critical path.
+On later ranks only where the GPU had nothing left to do at the launch
+(`gpu_idle`: the stream's query() at the launch); else 0, the host having
+prepared the step while the previous rank's GPU still computed. The whole
+`execute_model` wall time counts those waits, the other ranks' work.
 """
 
 from __future__ import annotations
@@ -178,7 +180,11 @@ def _wrap_graph_replay() -> bool:
     inner = cls.replay
 
     def replay(graph_self, *args, **kwargs):
-        _STATE["records"].append({"kind": "graph_replay", "t0": _now()})
+        # gpu_idle: the stream had finished all it was given (on a later rank,
+        # the wait for the previous rank's tensors included): the GPU waited
+        # for this launch, so the host was on the critical path.
+        idle = torch.cuda.current_stream().query()
+        _STATE["records"].append({"kind": "graph_replay", "t0": _now(), "gpu_idle": idle})
         return inner(graph_self, *args, **kwargs)
 
     cls.replay = replay
@@ -232,22 +238,33 @@ def decode_tail(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def host_critical_us(step: dict[str, Any], records: list[dict[str, Any]]) -> float | None:
     """The host's time from the end of the step's last wait for its input to
     its graph launch (module doc); None when the step waited for nothing on the
-    host (its host ran ahead of the GPU) or has no timestamps (p1)."""
+    host (its host ran ahead of the GPU) or has no timestamps (p1).
+
+    Rank 0 waits for the ids themselves (the PLE gather's host sync): its GPU
+    can start only after that host time. A later rank's host waits only for
+    the previous rank's metadata and then prepares the step while that rank's
+    GPU still computes; where its stream was still busy at the launch (the
+    recorded `gpu_idle` false) the GPU waited for data, not for the host: 0."""
     if "t0" not in step:
         return None
 
     def inside(t: float | None) -> bool:
         return t is not None and step["t0"] <= t <= step["t1"]
 
-    waits = [r["t0"] for r in records if r["kind"] == "ple_select" and inside(r.get("t0"))]
-    waits += [r["t1"] for r in records if r["kind"] == "pp_recv" and inside(r.get("t1"))]
-    if not waits:
+    ids = [r["t0"] for r in records if r["kind"] == "ple_select" and inside(r.get("t0"))]
+    metadata = [r["t1"] for r in records if r["kind"] == "pp_recv" and inside(r.get("t1"))]
+    if not ids + metadata:
         return None
-    ready = max(waits)
-    launches = [r["t0"] for r in records if r["kind"] == "graph_replay"
+    ready = max(ids + metadata)
+    launches = [r for r in records if r["kind"] == "graph_replay"
                 and inside(r.get("t0")) and r["t0"] >= ready]  # fmt: skip
-    # No graph (an eager step): everything it launched was launched by its return.
-    return ((min(launches) if launches else step["t1"]) - ready) * 1e6
+    if not launches:
+        # An eager step: everything it launched was launched by its return.
+        return (step["t1"] - ready) * 1e6
+    launch = min(launches, key=lambda r: r["t0"])
+    if not ids and launch.get("gpu_idle") is False:
+        return 0.0
+    return (launch["t0"] - ready) * 1e6
 
 
 def summarize(records: list[dict[str, Any]], name: str | None, rank: int, wall_s: float,

@@ -344,7 +344,7 @@ def test_window_times_decode_steps_apart_from_the_prompts_prefill():
         t0 = 0.2 + 0.03 * i
         records += [
             {"kind": "pp_recv", "t0": t0, "t1": t0 + 0.025, "wall_us": 25_000.0},
-            {"kind": "graph_replay", "t0": t0 + 0.0252 + 0.0001 * i},
+            {"kind": "graph_replay", "t0": t0 + 0.0252 + 0.0001 * i, "gpu_idle": True},
             _step(t0, t0 + 0.026, True),
         ]
     out = step_probe.summarize(records, "decode-c1", 1, wall_s=0.29, t_end=0.29)
@@ -355,10 +355,19 @@ def test_window_times_decode_steps_apart_from_the_prompts_prefill():
     assert out["host_critical_steps"] == 3
     assert out["host_critical_ms"] == pytest.approx(0.3)
     assert out["execute_wall_ms"] == pytest.approx(26.0)  # the waits are in it
-    # rank 0: the ids are on the host where the PLE gather's _select starts; an
-    # eager step (no graph) launched all it did by its return
-    rank0 = [{"kind": "ple_select", "t0": 1.010, "wall_us": 40.0}, _step(1.0, 1.012, True)]
-    assert step_probe.host_critical_us(rank0[1], rank0) == pytest.approx(2000.0)
+    # a later rank whose stream was still busy at the launch (waiting for the
+    # previous rank's tensors): its host prepared the step in time, 0 on the path
+    early = [{"kind": "pp_recv", "t1": 3.001}, {"kind": "graph_replay", "t0": 3.002,
+             "gpu_idle": False}, _step(3.0, 3.003, True)]  # fmt: skip
+    assert step_probe.host_critical_us(early[2], early) == 0.0
+    # rank 0: the ids are on the host where the PLE gather's _select starts, and
+    # its GPU waits for what the host does after that, busy stream or not
+    rank0 = [{"kind": "ple_select", "t0": 4.001}, {"kind": "graph_replay", "t0": 4.0015,
+             "gpu_idle": False}, _step(4.0, 4.002, True)]  # fmt: skip
+    assert step_probe.host_critical_us(rank0[2], rank0) == pytest.approx(500.0)
+    # an eager step (no graph) launched all it did by its return
+    eager = [{"kind": "ple_select", "t0": 1.010, "wall_us": 40.0}, _step(1.0, 1.012, True)]
+    assert step_probe.host_critical_us(eager[1], eager) == pytest.approx(2000.0)
     # no host wait in the step (the host ran ahead) or no timestamps (p1): none
     assert step_probe.host_critical_us(_step(2.0, 2.001, True), records) is None
     assert step_probe.host_critical_us({"kind": "execute_model"}, records) is None
