@@ -49,6 +49,14 @@ def in_vllm_json(*args: str) -> Any:
     return json.loads(out.stdout)
 
 
+def in_vllm_last_json(*args: str) -> Any:
+    """The last line `in_vllm` printed, as JSON (for a script that may log to
+    stdout before its result); the run must succeed."""
+    out = in_vllm(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def tiny_checkpoint(root: Path, vllm_python: str, layers: int | None = None) -> tuple[Path, Path]:
     """(model dir, packed PLE table) under root: tiny/ (or tiny<layers>/) and tables/."""
     model = root / ("tiny" if layers is None else f"tiny{layers}")

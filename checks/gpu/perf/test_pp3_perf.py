@@ -25,6 +25,7 @@ import plan_settings  # noqa: E402
 import pp3_perf  # noqa: E402
 import projection  # noqa: E402
 import step_probe  # noqa: E402
+from tiny_plan import in_vllm_last_json  # noqa: E402
 
 RESULTS = HERE.parent / "results"
 BANDWIDTH = RESULTS / "hbm_bandwidth-h200-b1.json"
@@ -266,14 +267,7 @@ print(json.dumps({"wrapped": wrapped, "n": n, "records": step_probe._STATE["reco
 
 
 def test_probe_times_the_ple_select_apart_from_the_whole_gather():
-    python = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not python:
-        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run([python, "-c", PLE_PROBE, str(HERE)], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = in_vllm_last_json("-c", PLE_PROBE, str(HERE))
     both = {"ple_gather": True, "ple_select": True}
     assert got["wrapped"] == [both, both] and got["n"] == 5 and got["rows_ok"]
     # once each (wrapping twice does not nest), the select first: it runs inside gather
@@ -303,13 +297,7 @@ print(json.dumps(step_probe.profile_summary(events.key_averages(), steps=2)))
 
 
 def test_gpu_busy_time_counts_kernels_and_not_the_annotations_over_them():
-    python = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not python:
-        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
-    proc = subprocess.run([python, "-c", PROFILE_EVENTS, str(HERE)], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = in_vllm_last_json("-c", PROFILE_EVENTS, str(HERE))
     assert got["gpu_busy_ms_per_step"] == (2000 + 700) / 1e3 / 2
     # The NCCL kernel's time (its wait for the peer included) is kept apart.
     assert (got["nccl_kernel_ms_per_step"], got["compute_ms_per_step"]) == (0.35, 1.0)
@@ -426,13 +414,7 @@ print(json.dumps({"started": started, "steps": got["steps"], "other": got["other
 
 
 def test_the_profiler_starts_after_settle_decode_steps_in_a_row():
-    python = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not python:
-        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
-    proc = subprocess.run([python, "-c", PROFILE_ARMING, str(HERE)], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = in_vllm_last_json("-c", PROFILE_ARMING, str(HERE))
     # prefill, decode, prefill (the run restarts), decode, decode: started there
     assert got["started"] == [False, False, False, False, True, True, True]
     # the two decode steps from the start on, then the prefill after them

@@ -3,9 +3,6 @@ interval and time below is made up for the test (not a measurement)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +10,11 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "common"))
 
 import shared_gpu_calibration  # noqa: E402
 import timeshare  # noqa: E402
+from tiny_plan import in_vllm_last_json  # noqa: E402
 
 MS = 1_000_000  # ns
 
@@ -125,13 +124,7 @@ print(json.dumps({"real": vars(real), "cpu_events": cpu_events,
 
 
 def test_kernels_of_reads_the_profilers_absolute_gpu_intervals():
-    python = os.environ.get("FLASHNEXT_VLLM_PY")
-    if not python:
-        pytest.skip("FLASHNEXT_VLLM_PY unset: checks/run sets it (the pinned vLLM env)")
-    proc = subprocess.run([python, "-c", KINETO, str(HERE)], capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = in_vllm_last_json("-c", KINETO, str(HERE))
     assert got["cpu_events"] > 0
     assert got["real"] == {"starts_ns": [], "ends_ns": [], "nccl": []}
     # kernels only: not the annotation over the broadcast, not CPU ops, not empty spans
