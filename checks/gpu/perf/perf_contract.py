@@ -212,6 +212,19 @@ def rank_rows(
     return rows_out, [s if len(s) == n else None for s in (steps[1], steps[4])], sharing_out
 
 
+def scheduler_costs(raw: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per decode batch, the engine core's scheduler calls in its window
+    (perf_engine.SchedulerClock): reported, not on a token's critical path."""
+    out = []
+    for batch in (1, 4):
+        case = _decode_case(raw, batch)
+        calls = (case or {}).get("scheduler")
+        if calls:
+            out.append({"batch": batch} | {f"{name}_us_median": c["us_median"]
+                                           for name, c in calls.items()})  # fmt: skip
+    return out
+
+
 def _draft_ms(raw: dict[str, Any] | None) -> float | None:
     case = _decode_case(raw, 1)
     if not case:
@@ -252,6 +265,7 @@ def build(
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
         "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
         "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
+        "scheduler": scheduler_costs(raws.get("offload")),
         "time_sharing": {
             "gpu_time": model,
             "calibration": (calibration or {}).get("verdict"),
@@ -282,6 +296,8 @@ def build(
             "step's ids from the GPU and copies them, is ple_gather in the raw file",
             "start_peak_bytes": "NVML, this process's used memory, peak before serving",
             "planned_bytes": "the 3x3090 plan's committed bytes per rank",
+            "scheduler": "the engine core's schedule and update_from_output, median wall "
+            "time a call in the decode window (the core runs in the harness's process)",
             "start_memory": "the offload engine's start peaks per process (NVML, torch "
             "reserved and allocated) beside the plan's predicted start peak (start_peak)",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -57,6 +58,46 @@ def prompts(n: int, tokens: int, token_range: list[int], seed: int) -> list[list
     rng = random.Random(seed)
     lo, hi = token_range
     return [[rng.randrange(lo, hi) for _ in range(tokens)] for _ in range(n)]
+
+
+class SchedulerClock:
+    """The engine core's scheduler, timed where it runs: in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0). Its calls are vLLM's CPU cost per engine
+    step (`schedule`: the next batch; `update_from_output`: a batch's results);
+    with async scheduling they run while the ranks compute (p1's rank 0 waited
+    27 ms a step for its ids, its step long dispatched), so they are reported,
+    not added to a token's critical path."""
+
+    CALLS = ("schedule", "update_from_output")
+
+    def __init__(self, scheduler: Any) -> None:
+        self.records: dict[str, list[float]] = {name: [] for name in self.CALLS}
+        for name in self.CALLS:
+            setattr(scheduler, name, self._timed(name, getattr(scheduler, name)))
+
+    def _timed(self, name: str, inner):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.records[name].append((time.perf_counter() - t0) * 1e6)
+
+        return timed
+
+    def begin(self) -> None:
+        for calls in self.records.values():
+            calls.clear()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            name: {
+                "calls": len(us),
+                "us_median": statistics.median(us) if us else None,
+                "us_total": sum(us),
+            }  # fmt: skip
+            for name, us in self.records.items()
+        }
 
 
 def failed_case(stage: str, exc: BaseException) -> dict[str, Any]:
@@ -105,6 +146,7 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
     result["startup_s"] = round(time.monotonic() - t0, 1)
     result["memory_start"] = llm.collective_rpc(step_probe.memory, args=("serving",))
     result["installed"] = llm.collective_rpc(step_probe.install)
+    scheduler = SchedulerClock(llm.llm_engine.engine_core.engine_core.scheduler)
     max_len = int(llm.llm_engine.model_config.max_model_len)
     result["max_model_len"] = max_len
     save()
@@ -136,7 +178,9 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                 stage = "decode window"
                 name = f"decode-c{case['concurrency']}"
                 llm.collective_rpc(step_probe.window_begin, args=(name,))
+                scheduler.begin()
                 rec["generate_s"] = generate(batch, 1 + case["new_tokens"])
+                rec["scheduler"] = scheduler.summary()
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
                 span = rec["generate_s"] - rec["ttft_s"]
                 rec["decode_tok_s"] = case["concurrency"] * case["new_tokens"] / span

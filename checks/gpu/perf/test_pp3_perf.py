@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -423,6 +424,27 @@ def test_the_profiler_starts_after_settle_decode_steps_in_a_row():
     assert got["never"] == {"rank": 0, "error": "not profiled: no decode steps in a row came"}
 
 
+def test_scheduler_clock_times_the_engine_cores_calls_per_window():
+    class Scheduler:  # the two calls perf_engine wraps on vLLM's Scheduler instance
+        def schedule(self, throttle=False):
+            time.sleep(0.002)
+            return "batch"
+
+        def update_from_output(self, scheduler_output, model_output):
+            return {0: model_output}
+
+    scheduler = Scheduler()
+    clock = perf_engine.SchedulerClock(scheduler)
+    assert scheduler.schedule() == "batch"
+    clock.begin()  # a window starts: earlier calls are not in it
+    assert scheduler.schedule(True) == "batch"
+    assert scheduler.update_from_output("batch", "out") == {0: "out"}
+    got = clock.summary()
+    assert got["schedule"]["calls"] == 1 and got["schedule"]["us_median"] >= 2000
+    assert got["update_from_output"]["calls"] == 1
+    assert got["update_from_output"]["us_median"] < got["schedule"]["us_median"]
+
+
 def test_decode_cases_arm_the_profile_past_the_prefill(inputs):
     cases = pp3_perf.cases_for(pp3_perf.ENGINES[0], 262_144)
     settle = {c["concurrency"]: c["profile_settle_steps"] for c in cases if c["kind"] == "decode"}
@@ -602,8 +624,13 @@ def _fake_raw(inputs, engine, mtp_k=0, profile=True, pid_visible=True):
     memory = [{"pid_visible": pid_visible, "peaks": {"start": {"nvml": 23 << 30},
                                                      "serving": {"nvml": 22 << 30}}}
               for _ in range(n)]  # fmt: skip
+    scheduler = {
+        "schedule": {"calls": 64, "us_median": 300.0, "us_total": 19_200.0},
+        "update_from_output": {"calls": 64, "us_median": 150.0, "us_total": 9_600.0},
+    }
     cases = [{"kind": "decode", "concurrency": c, "prompt_tokens": 3000, "new_tokens": 64,
-              "ok": True, "ttft_s": 2.0, "decode_tok_s": 30.0, "ranks": window, "profile": prof}
+              "ok": True, "ttft_s": 2.0, "decode_tok_s": 30.0, "ranks": window, "profile": prof,
+              "scheduler": scheduler}
              for c in (1, 4)]  # fmt: skip
     cases.append({"kind": "ttft", "concurrency": 1, "prompt_tokens": 48_000, "ok": True,
                   "ttft_s": 27.0})  # fmt: skip
@@ -629,6 +656,8 @@ def test_contract_has_exactly_the_issues_fields(inputs):
     # window's period with its prefill nor execute_model's wall time with its waits
     assert row["step_ms"] == 30.0
     assert row["cpu_ms"] == 2.0 and doc["ranks"][2]["cpu_ms"] == 2.5
+    medians = {"schedule_us_median": 300.0, "update_from_output_us_median": 150.0}
+    assert doc["scheduler"] == [{"batch": b} | medians for b in (1, 4)]
     # the host gather proper (_select), not the whole gather() call with its wait for ids
     assert row["ple_gather_us"] == 40.0 and doc["ranks"][1]["ple_gather_us"] == 0.0
     assert row["roofline_fraction"] == pytest.approx(
