@@ -146,7 +146,10 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
     result["startup_s"] = round(time.monotonic() - t0, 1)
     result["memory_start"] = llm.collective_rpc(step_probe.memory, args=("serving",))
     result["installed"] = llm.collective_rpc(step_probe.install)
-    scheduler = SchedulerClock(llm.llm_engine.engine_core.engine_core.scheduler)
+    # LLMEngine -> InprocClient -> EngineCore; a layout of another vLLM leaves it untimed
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    scheduler = SchedulerClock(core.scheduler) if hasattr(core, "scheduler") else None
+    result["scheduler_timed"] = scheduler is not None
     max_len = int(llm.llm_engine.model_config.max_model_len)
     result["max_model_len"] = max_len
     save()
@@ -178,9 +181,11 @@ def run(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                 stage = "decode window"
                 name = f"decode-c{case['concurrency']}"
                 llm.collective_rpc(step_probe.window_begin, args=(name,))
-                scheduler.begin()
+                if scheduler:
+                    scheduler.begin()
                 rec["generate_s"] = generate(batch, 1 + case["new_tokens"])
-                rec["scheduler"] = scheduler.summary()
+                if scheduler:
+                    rec["scheduler"] = scheduler.summary()
                 rec["ranks"] = llm.collective_rpc(step_probe.window_end)
                 span = rec["generate_s"] - rec["ttft_s"]
                 rec["decode_tok_s"] = case["concurrency"] * case["new_tokens"] / span
