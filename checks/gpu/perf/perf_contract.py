@@ -116,22 +116,32 @@ def start_memory(raw: dict[str, Any] | None, plan: dict[str, Any]) -> list[dict[
     held before serving: NVML (context and all: an upper bound, on a card with
     room the allocator keeps more), torch's reserved and allocated peaks (the
     tensors' own need; allocated from p2 on). `nvml_over_predicted_bytes` > 0:
-    the plan predicted less than the process took."""
+    the plan predicted less than the process took.
+
+    Which side of torch's allocator the difference is on: NVML less reserved
+    (`outside_allocator_bytes`: the CUDA context and what is allocated past
+    torch) against the plan's `cuda_context` term, and reserved against the
+    plan's other terms (`reserved_over_predicted_bytes`)."""
     out = []
     for rank, planned in enumerate(plan["ranks"]):
         predicted = planned["start_peak"]["predicted_bytes"]
+        terms = {t["name"]: t["bytes"] for t in planned["start_peak"]["terms"]}
         entry = ((raw or {}).get("memory_start") or [])[rank : rank + 1]
         seen = entry[0]["peaks"].get("start", {}) if entry and entry[0].get("pid_visible") else {}
-        nvml = seen.get("nvml")
+        nvml, reserved = seen.get("nvml"), seen.get("reserved")
+        in_allocator = predicted - terms.get("cuda_context", 0)
+        both = nvml is not None and reserved is not None
         out.append({
             "rank": rank,
             "predicted_bytes": predicted,
             "predicted_phase": planned["start_peak"]["phase"],
-            "predicted_terms": {t["name"]: t["bytes"] for t in planned["start_peak"]["terms"]},
+            "predicted_terms": terms,
             "nvml_bytes": nvml,
-            "reserved_bytes": seen.get("reserved"),
+            "reserved_bytes": reserved,
             "allocated_bytes": seen.get("allocated"),
             "nvml_over_predicted_bytes": None if nvml is None else nvml - predicted,
+            "outside_allocator_bytes": nvml - reserved if both else None,
+            "reserved_over_predicted_bytes": None if reserved is None else reserved - in_allocator,
         })  # fmt: skip
     return out
 

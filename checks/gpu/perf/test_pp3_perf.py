@@ -509,6 +509,16 @@ def test_contract_sets_each_ranks_predicted_start_peak_beside_what_p1_measured()
     # p1: every rank's process took 1.3-2.6 GB more than the plan predicted.
     over = [m["nvml_over_predicted_bytes"] for m in memory]
     assert all(1.3e9 < x < 2.6e9 for x in over), over
+    # Outside torch's allocator every rank held the same 784,334,848 B, the plan's
+    # CUDA context term to within 1%: the excess is all in the allocator's reserve.
+    for m in memory:
+        assert m["outside_allocator_bytes"] == 784_334_848
+        assert abs(m["outside_allocator_bytes"] / m["predicted_terms"]["cuda_context"] - 1) < 0.01
+        assert m["reserved_over_predicted_bytes"] == (
+            m["reserved_bytes"] - (m["predicted_bytes"] - m["predicted_terms"]["cuda_context"])
+        )
+    reserved_over = [m["reserved_over_predicted_bytes"] for m in memory]
+    assert [round(x / 1e9, 2) for x in reserved_over] == [1.37, 2.33, 2.52]
 
 
 def test_contract_of_p1_uses_the_c4_window_its_profile_window_lost():
