@@ -49,19 +49,27 @@ def test_a_ranks_own_kernels_count_once_back_to_back_or_on_two_streams():
         timeshare.Kernels([0], [1, 2], [False])
 
 
-def test_attach_sharing_gives_each_rank_its_figures_per_step_and_drops_the_intervals():
+def test_attach_sharing_scales_each_ranks_compute_by_its_shares_in_the_common_span():
     def profile(rank, spans, nccl=False):
-        return {"rank": rank, "steps": 2, "compute_ms_per_step": 5.0,
+        return {"rank": rank, "steps": 2, "compute_ms_per_step": 6.0,
                 "kernels": vars(kernels(*spans, nccl=nccl))}  # fmt: skip
 
-    out = timeshare.attach_sharing([profile(0, [(0, 10)]), profile(1, [(5, 20)], nccl=True),
-                                    {"rank": 2, "error": "not profiled"}])  # fmt: skip
+    # rank 0 profiled from 0 ms, rank 1 from 4 (its first decode step came later):
+    # only 4-12 is seen by both, and rank 0's 0-4 is not judged
+    ranks = [profile(0, [(0, 8), (10, 12)]), profile(1, [(4, 12)], nccl=True),
+             {"rank": 2, "error": "not profiled"}]  # fmt: skip
+    assert timeshare.common_window({r["rank"]: timeshare.Kernels(**r["kernels"])
+                                    for r in ranks[:2]}) == (4 * MS, 12 * MS)  # fmt: skip
+    out = timeshare.attach_sharing(ranks)
     assert all("kernels" not in p for p in out)
-    assert out[0]["time_sharing"] == {"busy_ms_per_step": 5.0, "alone_ms_per_step": 2.5,
-                                      "fair_ms_per_step": 3.75, "shared_fraction": 0.5,
-                                      "ranks": 2}  # fmt: skip
-    assert out[1]["time_sharing"]["busy_ms_per_step"] == 0
+    # in 4-12: rank 0 busy 4-8 and 10-12 = 6 ms, all beside rank 1: fair 3, alone 0
+    assert out[0]["time_sharing"] == {"busy_ms_per_step": 6.0, "alone_ms_per_step": 0.0,
+                                      "fair_ms_per_step": 3.0, "shared_fraction": 1.0,
+                                      "window_ms": 8.0, "ranks": 2}  # fmt: skip
+    assert "time_sharing" not in out[1]  # no compute kernels (its NCCL spin only)
     assert out[2] == {"rank": 2, "error": "not profiled"}
+    # one rank alone has nothing to share with: no figures
+    assert "time_sharing" not in timeshare.attach_sharing([profile(0, [(0, 8)])])[0]
 
 
 def _condition(spinners, kernel_sum, fair, span):

@@ -40,14 +40,30 @@ class Kernels:
             raise ValueError("starts_ns, ends_ns and nccl must have one entry per kernel")
 
 
-def sharing(ranks: dict[int, Kernels]) -> dict[int, dict[str, float]]:
-    """Per rank, in ms over the window: busy, alone, fair, and shared_fraction
-    (1 - alone / busy; None without compute kernels)."""
+def common_window(ranks: dict[int, Kernels]) -> tuple[int, int] | None:
+    """The span every rank's profile covers: from the latest first kernel to the
+    earliest last one (each rank starts its profiler at its own first decode
+    step, rank 0 before the others)."""
+    spans = [(min(k.starts_ns), max(k.ends_ns)) for k in ranks.values() if k.starts_ns]
+    if len(spans) < len(ranks):
+        return None
+    lo, hi = max(s for s, _ in spans), min(e for _, e in spans)
+    return (lo, hi) if hi > lo else None
+
+
+def sharing(
+    ranks: dict[int, Kernels], window: tuple[int, int] | None = None
+) -> dict[int, dict[str, float]]:
+    """Per rank, in ms over the window (default: all the intervals): busy,
+    alone, fair, and shared_fraction (1 - alone / busy; None without compute
+    kernels). Intervals are clipped to the window."""
+    lo, hi = window or (-(2**63), 2**63)
     # Sweep every kernel boundary in time order; at equal times ends come first,
     # so back-to-back kernels on one rank do not count as two in flight.
     events = []
     for rank, k in ranks.items():
         for start, end, comm in zip(k.starts_ns, k.ends_ns, k.nccl, strict=True):
+            start, end = max(start, lo), min(end, hi)
             if end > start:
                 events.append((start, 1, rank, comm))
                 events.append((end, -1, rank, comm))
@@ -103,17 +119,28 @@ def kernels_of(prof, nccl_prefix: str = "ncclDevKernel") -> Kernels:
 
 def attach_sharing(profiles: list[dict]) -> list[dict]:
     """The ranks' profiles of one window (step_probe.profile_end), each with
-    its `kernels` replaced by `time_sharing`: `sharing` per decode step."""
+    its `kernels` replaced by `time_sharing`.
+
+    `sharing` runs over the span all ranks profiled (`common_window`), and its
+    shares scale the rank's own compute time a decode step
+    (`compute_ms_per_step`): busy as the profiler has it, alone and fair as
+    that time's shares. A profile without kernels gets none."""
     kernels = {p["rank"]: Kernels(**p["kernels"]) for p in profiles if "kernels" in p}
-    shared = sharing(kernels) if kernels else {}
+    window = common_window(kernels) if len(kernels) > 1 else None
+    shared = sharing(kernels, window) if window else {}
     out = []
     for p in profiles:
         p = {k: v for k, v in p.items() if k != "kernels"}
-        steps = p.get("steps")
-        if p["rank"] in shared and steps:
-            s = shared[p["rank"]]
+        s = shared.get(p["rank"])
+        compute = p.get("compute_ms_per_step")
+        if s and s["busy_ms"] and compute is not None:
             p["time_sharing"] = {
-                f"{name}_per_step": s[name] / steps for name in ("busy_ms", "alone_ms", "fair_ms")
-            } | {"shared_fraction": s["shared_fraction"], "ranks": len(kernels)}
+                "busy_ms_per_step": compute,
+                "alone_ms_per_step": compute * s["alone_ms"] / s["busy_ms"],
+                "fair_ms_per_step": compute * s["fair_ms"] / s["busy_ms"],
+                "shared_fraction": s["shared_fraction"],
+                "window_ms": (window[1] - window[0]) / 1e6,
+                "ranks": len(kernels),
+            }
         out.append(p)
     return out
