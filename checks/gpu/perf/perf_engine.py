@@ -95,7 +95,7 @@ class SchedulerClock:
                 "calls": len(us),
                 "us_median": statistics.median(us) if us else None,
                 "us_total": sum(us),
-            }  # fmt: skip
+            }
             for name, us in self.records.items()
         }
 
