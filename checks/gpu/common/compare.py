@@ -6,7 +6,9 @@ For every case both engines ran, every capture point both hold (a rank's
 files are merged: PP=3 spreads the layers over three files, PP=1 holds them
 in one), the rows are matched by token key (position, input id); keys seen
 twice in either engine are dropped (a collision of random prompts, or a
-padded row). Per point: max and mean relative difference,
+padded row), and so are generated rows that follow another history in each
+engine (another request's, or the same request's after another sampled
+token: `history`). Per point: max and mean relative difference,
 |a - b| / mean|a| over the row, and the first position where any row parts.
 
 The verdict (`judge`) holds each point to bf16 rounding on its clean rows:
@@ -162,15 +164,13 @@ def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:
     }
 
 
-def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """Per token key, the context a step ran it in: (first position of its
-    run of consecutive positions in that step, i.e. its prefill chunk or its
-    verify pair, the run's length, the step's token count). Keys seen twice
-    (a recomputed or padded row) are left out."""
-    if steps is None:
-        return {}
+def _runs(steps: tuple) -> dict[tuple[int, int], tuple[tuple[int, int], int, int]]:
+    """Per token key: the first row (its key) of its run of consecutive
+    positions in its step (its prefill chunk or its verify pair), the run's
+    length and the step's token count. Keys seen twice (a recomputed or
+    padded row) are left out."""
     pos, ids, info = (t.tolist() for t in steps)
-    contexts: dict[tuple[int, int], tuple[int, int, int]] = {}
+    runs: dict[tuple[int, int], tuple[tuple[int, int], int, int]] = {}
     dup: set[tuple[int, int]] = set()
     i = 0
     while i < len(pos):
@@ -179,11 +179,84 @@ def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, i
             j += 1
         for r in range(i, j):
             key = (pos[r], ids[r])
-            if key in contexts:
+            if key in runs:
                 dup.add(key)
-            contexts[key] = (pos[i], j - i, info[i][1])
+            runs[key] = ((pos[i], ids[i]), j - i, info[i][1])
         i = j
-    return {k: v for k, v in contexts.items() if k not in dup}
+    return {k: v for k, v in runs.items() if k not in dup}
+
+
+def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """Per token key, the context a step ran it in: (first position of its
+    run, the run's length, the step's token count)."""
+    if steps is None:
+        return {}
+    return {key: (head[0], n, tokens) for key, (head, n, tokens) in _runs(steps).items()}
+
+
+def _run_heads(steps: tuple, spec: tuple | None) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per token key, the key of its sequence's first row in its step: by
+    the row's own `#spec` offset where recorded (rows of a sequence are
+    contiguous in a step), else its run's first row (row_kinds says why)."""
+    offsets = {key: f["offset"] for key, f in spec_fields(spec).items()}
+    runs = _runs(steps)
+    pos, ids = steps[0].tolist(), steps[1].tolist()
+    heads = {}
+    for i, key in enumerate(zip(pos, ids, strict=True)):
+        if key not in runs:
+            continue
+        head = i - offsets[key] if key in offsets else -1
+        heads[key] = (pos[head], ids[head]) if head >= 0 else runs[key][0]
+    return heads
+
+
+def row_histories(
+    steps: tuple | None, outputs: list[list[int]], prompt_len: int, spec: tuple | None = None
+) -> dict[tuple[int, int], tuple[int, tuple[int, ...]] | None]:
+    """Per generated row key (position past the prompt): the request whose
+    tokens it follows and its emitted tokens before the row's position,
+    (request, ids). A GDN or attention row depends on its request's whole
+    history, and two engines can run a row of the same (position, id) after
+    different ones: once they sample different tokens at a near-tie (the
+    rounding of another schedule flips it), the drafter can still propose
+    the same id at the next position in both (e4, RESULTS.md). The request
+    is the one whose emitted token at the run's first position is the run's
+    first id (output k is fed at prompt_len + k); None where no request or
+    more than one fits."""
+    if steps is None:
+        return {}
+    histories: dict[tuple[int, int], tuple[int, tuple[int, ...]] | None] = {}
+    for key, (start, first_id) in _run_heads(steps, spec).items():
+        if key[0] < prompt_len or start < prompt_len:
+            continue
+        k = start - prompt_len
+        owners = [r for r, ids in enumerate(outputs) if k < len(ids) and ids[k] == first_id]
+        histories[key] = (
+            (owners[0], tuple(outputs[owners[0]][: key[0] - prompt_len]))
+            if len(owners) == 1
+            else None
+        )
+    return histories
+
+
+def history_parting(
+    ca: dict, out_a: list, cb: dict, out_b: list, prompt_len: int
+) -> dict[str, Any]:
+    """Generated rows both engines ran (same position and id) that follow
+    another history in each (another request, or its tokens before the row
+    differ): they are not the same computation, so they are not judged.
+    `unknown`: rows whose request the record cannot name; still judged."""
+    ha = row_histories(ca.get(STEPS), out_a, prompt_len, ca.get(SPEC))
+    hb = row_histories(cb.get(STEPS), out_b, prompt_len, cb.get(SPEC))
+    keys = sorted(set(ha) & set(hb))
+    unknown = [k for k in keys if ha[k] is None or hb[k] is None]
+    parted = [k for k in keys if k not in unknown and ha[k] != hb[k]]
+    return {
+        "recorded": STEPS in ca and STEPS in cb,
+        "rows": len(keys),
+        "parted": [list(k) for k in parted],
+        "unknown": len(unknown),
+    }
 
 
 def row_kinds(
@@ -298,17 +371,21 @@ def compare_point(
     clean_before: int | None = None,
     loose_from: int | None = None,
     kinds: dict[tuple[int, int], str] | None = None,
+    other_history: set[tuple[int, int]] | frozenset = frozenset(),
 ) -> dict[str, Any]:
     """a, b: (positions, ids, rows). clean_before: rows at this position or
     later are not judged (their input already parted). loose_from: judged
     rows at this position or later are reported apart (loose_*), held to the
-    reference's spread rather than to rounding."""
+    reference's spread rather than to rounding. other_history: keys whose
+    rows follow another history in each engine (history_parting): left out."""
     import torch
 
     ua, ub = _unique_rows(*a), _unique_rows(*b)
-    keys = sorted(set(ua) & set(ub))
+    both = set(ua) & set(ub)
+    keys = sorted(both - set(other_history))
     if not keys:
-        return {"tokens": 0, "only_ref": len(ua), "only_other": len(ub)}
+        return {"tokens": 0, "only_ref": len(ua) - len(both), "only_other": len(ub) - len(both),
+                "other_history": len(both)}  # fmt: skip
     ra = a[2][torch.tensor([ua[k] for k in keys])]
     rb = b[2][torch.tensor([ub[k] for k in keys])]
     # A NaN row (capture's poison_gdn_out: a row no kernel wrote) is counted
@@ -360,8 +437,9 @@ def compare_point(
             }
     result = {
         "tokens": len(keys),
-        "only_ref": len(ua) - len(keys),
-        "only_other": len(ub) - len(keys),
+        "only_ref": len(ua) - len(both),
+        "only_other": len(ub) - len(both),
+        "other_history": len(both) - len(keys),
         "max_rel": float(rel_max.max()),
         "mean_rel": float(rel_mean.mean()),
         "max_row_mean_rel": float(rel_mean.max()),
@@ -402,6 +480,7 @@ def compare_case(
     cb: dict[str, tuple],
     spread: dict[str, dict] | None = None,
     prompt_len: int | None = None,
+    other_history: set[tuple[int, int]] | frozenset = frozenset(),
 ) -> dict[str, dict]:
     """Every point both hold, in layer order; each judged on the rows before
     its input's first parting (the previous layer's `out`; `final` after the
@@ -409,7 +488,9 @@ def compare_case(
     output and `out` the MoE's, so they are judged only before those part:
     an offloaded QSA's rounding (e1, e3's A/B) changes the MoE's router
     input, and a flipped expert is what routing does with it, not a fault of
-    the MoE. spread: the reference's points against itself."""
+    the MoE. spread: the reference's points against itself. other_history:
+    generated rows that follow another history in each engine
+    (history_parting), judged nowhere."""
     points: dict[str, dict] = {}
     # layer -> first parting of what the next layers get: its out, and at a
     # layer that starts a rank in one engine only, the block input it mixes.
@@ -431,7 +512,7 @@ def compare_case(
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
-        points[name] = compare_point(a, b, clean_before, loose_from, kinds)
+        points[name] = compare_point(a, b, clean_before, loose_from, kinds, other_history)
         for entry in points[name].get("by_kind", {}).values():
             entry["worst"].update(ran((entry["worst"]["position"], entry["worst"]["id"])))
         # A long prompt's rows left out of the capture may part first.
@@ -567,18 +648,23 @@ def compare_runs(ref: Path, other: Path, spread: dict[str, Any] | None = None) -
         if case not in rb.get("cases", {}):
             continue
         ca, cb = load_case(ref, case), load_case(other, case)
+        outputs = ra["cases"][case]["output_ids"], rb["cases"][case]["output_ids"]
+        prompt_len = _prompt_len(case)
+        history = history_parting(ca, outputs[0], cb, outputs[1], prompt_len or 0)
         points = compare_case(
             ca,
             cb,
             (spread or {}).get("cases", {}).get(case, {}).get("points"),
-            _prompt_len(case),
+            prompt_len,
+            {tuple(k) for k in history["parted"]},
         )
         schedule = schedule_parting(ca.get(STEPS), cb.get(STEPS))
         autotune = autotune_difference(
             ra["cases"][case].get("capture"), rb["cases"][case].get("capture")
         )
         cases[case] = {
-            "ids_equal": ra["cases"][case]["output_ids"] == rb["cases"][case]["output_ids"],
+            "ids_equal": outputs[0] == outputs[1],
+            "history": history,
             "points": points,
             "missing": sorted(n for n in set(ca) ^ set(cb) if "#" not in n),
             "schedule": schedule,

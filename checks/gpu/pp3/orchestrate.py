@@ -243,6 +243,17 @@ EQUALITY_PAIRS = (
     ("ab-offload", f"pp1-{EAGER.name}", "pp1-eager-offload", "PP=1 A/B: QSA K/V offloaded"),
     ("ab-ple-file", "pp1-eager-ple-vram", f"pp1-{EAGER.name}", "PP=1 A/B: PLE from the file"),
 )
+# Each reference's own run-to-run spread: what bounds the rows compared with
+# it past the indexer budget. The profile's reference (graphs, offload, MTP)
+# has its own (e4: its spread parts at other positions than eager's); every
+# other reference takes the eager one's.
+SPREAD_OF = {f"pp1-{EAGER.name}": "spread", f"pp1-{PROFILE.name}": "spread-profile"}
+
+
+def spread_key(ref: str) -> str:
+    return SPREAD_OF.get(ref, "spread")
+
+
 # Where each sensitivity run must be caught: the layer it acts on (QSA layer
 # 3 is the first, on rank 0; layer 4 is rank 1's first).
 EXPECTED_CATCH = {"boundary_shift": "layer.4.", "drop_one_token": "layer.3.qsa"}
@@ -430,7 +441,7 @@ def equality(args) -> dict[str, Any]:
         comparisons["spread"]["from"] = str(args.spread_from)
     for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
         if ref in done and other in done:
-            spread = None if key.startswith("spread") else comparisons.get("spread")
+            spread = None if key.startswith("spread") else comparisons.get(spread_key(ref))
             pair = [args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json"]
             compute = partial(compare_runs, *pair, spread)
             result = cached(args.raw, f"{ref}--{other}", pair, spread, compute)
@@ -469,12 +480,17 @@ def equality(args) -> dict[str, Any]:
 
 
 def judge_all(comparisons: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each comparison's verdict per case, bounded by the spread where one was run."""
-    bounds = spread_bounds(comparisons.get("spread", {}).get("cases", {}))
+    """Each comparison's verdict per case, bounded by its reference's spread
+    where one was run (spread_key)."""
+    bounds = {
+        name: spread_bounds(comparisons.get(name, {}).get("cases", {}))
+        for name in set(SPREAD_OF.values())
+    }
     verdicts: dict[str, dict[str, Any]] = {}
     for key, result in comparisons.items():
+        own = None if key.startswith("spread") else bounds[spread_key(result["ref"])]
         verdicts[key] = {
-            case: judge(entry["points"], None if key.startswith("spread") else bounds)
+            case: judge(entry["points"], own)
             | {"ids_equal": entry["ids_equal"], "cause": entry.get("cause")}
             for case, entry in result["cases"].items()
         }

@@ -347,6 +347,32 @@ def test_judge_holds_rows_before_the_spread_to_rounding_and_rows_past_it_to_the_
     assert compare.judge({})["equal"] is False  # nothing compared proves nothing
 
 
+def test_the_profiles_comparisons_are_bounded_by_the_profiles_own_spread():
+    """PP=3 in the profile's mode is held to the profile reference's spread
+    past the indexer budget, the eager modes to the eager reference's."""
+
+    def spread(max_rel):
+        point = _point(loose_max=max_rel) | {"max_row_mean_rel": 0.01}
+        return {"ref": "", "cases": {"3000x1": {"points": {"layer.3.qsa": point},
+                                                "ids_equal": True}}}  # fmt: skip
+
+    def compared(ref):
+        return {"ref": ref, "cases": {"3000x1": {"points": {"layer.3.qsa": _point(loose_max=0.5)},
+                                                  "ids_equal": True}}}  # fmt: skip
+
+    profile, eager = (f"pp1-{m.name}" for m in (orchestrate.PROFILE, orchestrate.EAGER))
+    verdicts = orchestrate.judge_all({
+        "spread": spread(0.1),  # eager: 0.5 is past twice its 0.1
+        "spread-profile": spread(0.3),  # the profile: within twice its 0.3
+        "pp3-profile": compared(profile),
+        "pp3-eager": compared(eager),
+    })  # fmt: skip
+    assert verdicts["pp3-profile"]["3000x1"]["equal"] is True
+    assert verdicts["pp3-eager"]["3000x1"]["first_layer_over_bound"] == "layer.3.qsa"
+    assert orchestrate.spread_key(profile) == "spread-profile"
+    assert orchestrate.spread_key("pp1-eager-ple-vram") == "spread"
+
+
 def ten_rows(seed: int, body: str) -> str:
     """A compare script over ten keyed rows of random data (`point(x)` keys x)."""
     head = f"""
@@ -824,6 +850,74 @@ def test_each_kind_names_its_worst_row_and_where_each_engine_ran_it():
     assert worst["spec"]["other"] == fields
     assert r["by_kind"]["decode"]["worst"]["row_mean_rel"] == 0.0
     assert r["by_kind"]["prompt"]["worst"]["context"]["other"] == [0, 12, 12]
+
+
+HISTORY = """
+import json, sys, torch
+from pathlib import Path
+root = Path(sys.argv[1]); sys.path.insert(0, sys.argv[2])
+from compare import SPEC, STEPS, compare_runs, judge
+
+# e4's parting draft row, scaled down. Two requests, prompts of 10 (A: ids
+# 100-109, B: 200-209), MTP K=1. Both engines sample A's 5, 6, 7; B samples
+# 8 then, at a near-tie, 9 in ref and 11 in other. In step 3 both engines
+# verify B's row 11 with the draft 60 at 12: the same key (12, 60) after
+# another history. A's draft (12, 50) follows the same history in both. A
+# last row (13, 99) heads its own run with an id no request emitted there.
+L = 10
+outputs = {"ref": [[5, 6, 7], [8, 9, 10]], "other": [[5, 6, 7], [8, 11, 12]]}
+def rows(b_row):
+    seq = [(p, 100 + p, 1) for p in range(L)] + [(p, 200 + p, 1) for p in range(L)]
+    seq += [(10, 5, 2), (11, 40, 2), (10, 8, 2), (11, 41, 2)]
+    seq += [(11, 6, 3), (12, 50, 3), (11, b_row, 3), (12, 60, 3), (13, 99, 4)]
+    return seq
+def steps(seq):
+    pos = torch.tensor([p for p, _, _ in seq]); ids = torch.tensor([i for _, i, _ in seq])
+    info = torch.tensor([[s, sum(1 for r in seq if r[2] == s)] for *_, s in seq])
+    return (pos, ids, info)
+def spec(seq):  # #spec: prefills, decodes, spec decodes, tokens, length, offset, accepted
+    verify = [(i, r) for i, r in enumerate(seq) if r[2] in (2, 3)]
+    return (torch.tensor([r[0] for _, r in verify]), torch.tensor([r[1] for _, r in verify]),
+            torch.tensor([[0, 0, 2, 4, 2, k % 2, 1] for k, _ in enumerate(verify)]))
+values = torch.randn(len(rows(9)), 4, generator=torch.Generator().manual_seed(7))
+def write(run, seq, off):
+    case = {"output_ids": outputs[run]}
+    (root / f"{run}.out.json").write_text(json.dumps({"run": run, "cases": {"10x2": case}}))
+    out = values.clone()
+    for key in off:  # a whole row off
+        out[seq.index(next(r for r in seq if r[:2] == key))] += 1.0
+    pos, ids, _ = steps(seq)
+    torch.save({"layer.0.gdn": (pos, ids, out), STEPS: steps(seq), SPEC: spec(seq)},
+               root / f"{run}.out.10x2.rank0.pt")
+result = {}
+for name, off in (("b_draft_off", [(12, 60)]), ("a_draft_off", [(12, 50)])):
+    write("ref", rows(9), [])
+    write("other", rows(11), off)
+    case = compare_runs(root / "ref.out.json", root / "other.out.json")["cases"]["10x2"]
+    result[name] = {"history": case["history"], "point": case["points"]["layer.0.gdn"],
+                    "verdict": judge(case["points"])}
+print(json.dumps(result))
+"""
+
+
+def test_rows_after_another_history_are_not_judged_and_rows_after_the_same_are(tmp_path):
+    """e4: PP=3 and PP=1 sample different tokens at a near-tie, and the
+    drafter proposes the same id at the next position in both: a row of the
+    same (position, id) after another history. It parts by a whole row, as
+    e4's 20007/9569 did, and is no fault; the same draft row after the same
+    history is judged and caught."""
+    r = script_json(HISTORY, str(tmp_path), str(COMMON))
+    b, a = r["b_draft_off"], r["a_draft_off"]
+    # 8 generated keys both ran; B's (11, 9) and (11, 11) are one engine's each.
+    assert b["history"] == {"recorded": True, "rows": 8, "parted": [[12, 60]], "unknown": 1}
+    assert b["point"]["other_history"] == 1 and b["point"]["only_ref"] == 1
+    assert b["point"]["tokens"] == 20 + 7 and b["point"]["max_rel"] == 0.0
+    assert b["verdict"]["equal"] is True
+    # A's draft follows 5, 6 in both: judged, and its parting is caught.
+    assert a["history"]["parted"] == [[12, 60]]
+    assert a["verdict"] == {**a["verdict"], "equal": False, "first_layer_over_bound": "layer.0.gdn"}
+    assert a["point"]["by_kind"]["draft"]["worst"]["position"] == 12
+    assert a["point"]["by_kind"]["draft"]["worst"]["id"] == 50
 
 
 POISON = """
