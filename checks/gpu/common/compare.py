@@ -194,6 +194,14 @@ def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, i
     return {key: (head[0], n, tokens) for key, (head, n, tokens) in _runs(steps).items()}
 
 
+def moved_rows(a: tuple | None, b: tuple | None) -> set[tuple[int, int]]:
+    """Keys both engines ran, each in another context (row_contexts): in
+    another prefill chunk or beside other rows, where a recurrent GDN layer
+    rounds the same tokens differently (RESULTS.md, "What parts them")."""
+    ca, cb = row_contexts(a), row_contexts(b)
+    return {key for key in set(ca) & set(cb) if ca[key] != cb[key]}
+
+
 def _run_heads(steps: tuple, spec: tuple | None) -> dict[tuple[int, int], tuple[int, int]]:
     """Per token key, the key of its sequence's first row in its step: by
     the row's own `#spec` offset where recorded (rows of a sequence are
@@ -372,12 +380,16 @@ def compare_point(
     loose_from: int | None = None,
     kinds: dict[tuple[int, int], str] | None = None,
     other_history: set[tuple[int, int]] | frozenset = frozenset(),
+    moved: set[tuple[int, int]] | frozenset = frozenset(),
 ) -> dict[str, Any]:
     """a, b: (positions, ids, rows). clean_before: rows at this position or
     later are not judged (their input already parted). loose_from: judged
     rows at this position or later are reported apart (loose_*), held to the
     reference's spread rather than to rounding. other_history: keys whose
-    rows follow another history in each engine (history_parting): left out."""
+    rows follow another history in each engine (history_parting): left out.
+    moved: keys each engine ran in another context (run or step size);
+    judged rows among them before loose_from are reported apart (moved_*),
+    held to the reference's spread over another chunking (judge)."""
     import torch
 
     ua, ub = _unique_rows(*a), _unique_rows(*b)
@@ -403,7 +415,8 @@ def compare_point(
     first = min(keys[int(i)][0] for i in parted) if len(parted) else None
     clean = torch.tensor([clean_before is None or k[0] < clean_before for k in keys])
     loose = torch.tensor([loose_from is not None and k[0] >= loose_from for k in keys])
-    strict, loose = clean & ~loose, clean & loose
+    elsewhere = torch.tensor([k in moved for k in keys])
+    strict, shifted, loose = clean & ~loose & ~elsewhere, clean & ~loose & elsewhere, clean & loose
 
     def worst(rel, rows) -> float:
         return float(rel[rows].max()) if bool(rows.any()) else 0.0
@@ -452,6 +465,9 @@ def compare_point(
         "clean_tokens": int(clean.sum()),
         "clean_row_max_rel": worst(rel_max, strict),
         "clean_row_mean_rel": worst(rel_mean, strict),
+        "moved_tokens": int(shifted.sum()),
+        "moved_row_max_rel": worst(rel_max, shifted),
+        "moved_row_mean_rel": worst(rel_mean, shifted),
         "loose_from": loose_from,
         "loose_tokens": int(loose.sum()),
         "loose_row_max_rel": worst(rel_max, loose),
@@ -500,6 +516,7 @@ def compare_case(
     names = {n for n in set(ca) & set(cb) if "#" not in n}
     kinds = row_kinds(ca.get(STEPS), prompt_len, ca.get(SPEC)) if prompt_len is not None else None
     ran = _where_rows_ran(ca, cb)
+    moved = moved_rows(ca.get(STEPS), cb.get(STEPS))
     for name in sorted(names | _block_inputs(ca, cb), key=_order):
         layer = _layer(name)
         inputs = [p for l_, p in parted_at.items() if layer is None or l_ < layer]
@@ -512,7 +529,9 @@ def compare_case(
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
-        points[name] = compare_point(a, b, clean_before, loose_from, kinds, other_history)
+        points[name] = compare_point(
+            a, b, clean_before, loose_from, kinds, other_history, moved
+        )  # fmt: skip
         for entry in points[name].get("by_kind", {}).values():
             entry["worst"].update(ran((entry["worst"]["position"], entry["worst"]["id"])))
         # A long prompt's rows left out of the capture may part first.
@@ -587,24 +606,47 @@ def spread_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]
     return bounds
 
 
+def schedule_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per point, the reference against itself in other prefill chunks
+    (orchestrate's `spread-schedule`): its largest moved rows (row max, row
+    mean) over all cases, times SPREAD_MARGIN. Only rows whose input agreed
+    count, so a layer downstream of a parting inherits no bound."""
+    bounds: dict[str, tuple[float, float]] = {}
+    for entry in spread_cases.values():
+        for name, s in entry["points"].items():
+            if not s.get("moved_tokens"):
+                continue
+            old = bounds.get(name, (0.0, 0.0))
+            bounds[name] = (
+                max(old[0], SPREAD_MARGIN * s["moved_row_max_rel"]),
+                max(old[1], SPREAD_MARGIN * s["moved_row_mean_rel"]),
+            )
+    return bounds
+
+
 def judge(
-    points: dict[str, dict], bounds: dict[str, tuple[float, float]] | None = None
+    points: dict[str, dict],
+    bounds: dict[str, tuple[float, float]] | None = None,
+    moved_bounds: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """The first point over its bound, and the largest differences seen.
-    bounds: spread_bounds() of the reference's spread, for the loose rows."""
+    bounds: spread_bounds() of the reference's spread, for the loose rows;
+    moved_bounds: schedule_bounds(), for rows each engine ran in another
+    chunk (rounding where none was measured)."""
     first_over = None
     for name, s in points.items():
         if not s.get("tokens"):
             continue
         spread_max, spread_mean = (bounds or {}).get(name, (0.0, 0.0))
-        bound_max = max(BF16_ROW_MAX, spread_max)
-        bound_mean = max(BF16_ROW_MEAN, spread_mean)
+        moved_max, moved_mean = (moved_bounds or {}).get(name, (0.0, 0.0))
         over = (
             s.get("clean_nan_rows", 0) > 0
             or s["clean_row_max_rel"] > BF16_ROW_MAX
             or s["clean_row_mean_rel"] > BF16_ROW_MEAN
-            or s["loose_row_max_rel"] > bound_max
-            or s["loose_row_mean_rel"] > bound_mean
+            or s.get("moved_row_max_rel", 0.0) > max(BF16_ROW_MAX, moved_max)
+            or s.get("moved_row_mean_rel", 0.0) > max(BF16_ROW_MEAN, moved_mean)
+            or s["loose_row_max_rel"] > max(BF16_ROW_MAX, spread_max)
+            or s["loose_row_mean_rel"] > max(BF16_ROW_MEAN, spread_mean)
         )
         if over and first_over is None:
             first_over = name

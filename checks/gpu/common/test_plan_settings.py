@@ -113,6 +113,7 @@ PP3_OVERRIDES = {
     "engram_config",  # PLE in VRAM (the PLE A/B, stock)
     "speculative_config", "disable_log_stats",  # MTP on in the profile's mode only
     "load_format",  # dummy weights for stock's copy
+    "max_num_batched_tokens",  # the reference in other prefill chunks (spread-schedule)
 }  # fmt: skip
 
 ENGINE_SIDE = """
@@ -147,6 +148,8 @@ def pp3_engines(plan_doc: dict, model: Path, table: Path) -> dict:
 
 def test_the_pp3_engines_run_the_plans_settings(plan):
     """Every PP=3 harness engine is the plan's engine but for named overrides."""
+    import orchestrate
+
     path, model, table = plan
     doc = settings(path)["kwargs"]
     engines = pp3_engines(json.loads(path.read_text()), model, table)
@@ -167,6 +170,11 @@ def test_the_pp3_engines_run_the_plans_settings(plan):
     assert engines["pp1-eager-vram"]["overrides"] == {
         "pipeline_parallel_size": 1, "enforce_eager": True, "compilation_config": None,
     }  # fmt: skip
+    rechunk = engines["pp1-eager-vram-rechunk"]
+    assert rechunk["overrides"] == engines["pp1-eager-vram"]["overrides"] | {
+        "max_num_batched_tokens": orchestrate.RECHUNK_TOKENS
+    }
+    assert rechunk["kwargs"]["max_num_batched_tokens"] != doc["max_num_batched_tokens"]
 
 
 def test_the_pp3_engines_follow_a_changed_profile(plan):
@@ -177,8 +185,10 @@ def test_the_pp3_engines_follow_a_changed_profile(plan):
     for flag, value in (("--max-num-seqs", "7"), ("--max-num-batched-tokens", "1024")):
         argv[argv.index(flag) + 1] = value
     engines = pp3_engines(doc, model, table)
+    rechunk = engines.pop("pp1-eager-vram-rechunk")  # its own budget, by name
     assert {(e["kwargs"]["max_num_seqs"], e["kwargs"]["max_num_batched_tokens"])
             for e in engines.values()} == {(7, 1024)}  # fmt: skip
+    assert rechunk["kwargs"]["max_num_seqs"] == 7
 
 
 def test_engines_leave_the_plans_offload_env_only_in_vram_modes(plan):

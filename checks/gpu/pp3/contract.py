@@ -112,6 +112,8 @@ def build(
     pp3["spread"] = runs_of(verdicts, "spread", "eager-vram run to run", "eager")
     profile = "graphs-offload-mtp run to run"
     pp3["spread_profile"] = runs_of(verdicts, "spread-profile", profile, "full_decode_only")
+    # The reference in other chunks: the bound on rows PP=3 ran in another chunk.
+    pp3["spread_schedule"] = runs_of(verdicts, "spread-schedule", "eager-vram rechunked", "eager")
     pinned = "eager-vram, every autotuner on its first config"
     pp3["pinned"] = runs_of(verdicts, "pp3-eager-vram-pinned", pinned, "eager")
     pp3["serve"] = serve_block(serve)

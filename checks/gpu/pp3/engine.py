@@ -36,7 +36,9 @@ from plan_settings import engine_settings, plan_table  # noqa: E402
 LONG_PROMPT = 4096
 
 # Settings a spec may restate for a diagnosis (none of the runs of record does).
-SPEC_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len")
+SPEC_SETTINGS = (
+    "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
+)  # fmt: skip
 
 
 def overrides(spec: dict[str, Any]) -> dict[str, Any]:

@@ -788,6 +788,63 @@ def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_de
     assert r["unrecorded"] == {"recorded": False}
 
 
+MOVED = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import STEPS, compare_case, judge, schedule_bounds
+
+# SCHEDULES' two schedules: B's rows 10-13 run in another context at PP=3.
+A, B = 1000, 2000
+def steps(rows):
+    pos = torch.tensor([p for _, p, _ in rows]); ids = torch.tensor([i for i, _, _ in rows])
+    info = torch.tensor([[s, sum(1 for r in rows if r[2] == s)] for *_, s in rows])
+    return (pos, ids, info)
+def req(base, lo, hi, step):
+    return [(base + p, p, step) for p in range(lo, hi)]
+pp1 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
+            + [(7, 14, 3)] + req(B, 10, 14, 3) + [(8, 15, 4)] + [(9, 14, 4)])
+pp3 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
+            + req(B, 10, 14, 3) + [(7, 14, 4), (9, 14, 4)] + [(8, 15, 5)])
+rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(3))
+def point(base, delta):  # every element of `base`'s rows from position 12 off by delta
+    pos, ids, _ = pp1
+    r = rows[: len(pos)].clone()
+    r[(ids >= base) & (ids < base + 100) & (pos >= 12)] += delta
+    return (pos, ids, r)
+ref = {"layer.0.gdn": point(B, 0.0), STEPS: pp1}
+def against(base, delta):
+    return compare_case(ref, {"layer.0.gdn": point(base, delta), STEPS: pp3}, prompt_len=14)
+spread = against(B, 0.02)  # the reference rechunked: B's moved rows round elsewhere
+bounds = schedule_bounds({"14x2": {"points": spread}})
+print(json.dumps({
+    "spread_point": spread["layer.0.gdn"],
+    "bounds": bounds,
+    "within": judge(against(B, 0.03), None, bounds),
+    "beyond": judge(against(B, 0.05), None, bounds),
+    "unmeasured": judge(against(B, 0.03)),
+    "not_moved": judge(against(A, 0.01), None, bounds),
+}))
+"""
+
+
+def test_rows_run_in_another_chunk_are_held_to_the_references_own_rechunked_spread():
+    """PP=3 runs batch 4's later prompts in other chunks (`cause: schedule`).
+    Those rows are held to twice what the reference does to itself in other
+    chunks (`spread-schedule`); unmeasured, to rounding; rows both engines
+    ran alike stay held to rounding whatever the bound."""
+    r = script_json(MOVED, str(COMMON))
+    point = r["spread_point"]
+    # B's rows 10-13 and A's two decodes (beside other rows at each PP size).
+    assert point["moved_tokens"] == 6 and point["clean_row_mean_rel"] == 0.0
+    (row_max, row_mean) = r["bounds"]["layer.0.gdn"]
+    assert row_mean == pytest.approx(2 * point["moved_row_mean_rel"])
+    assert row_max == pytest.approx(2 * point["moved_row_max_rel"])
+    assert r["within"]["equal"] is True
+    assert r["beyond"]["first_layer_over_bound"] == "layer.0.gdn"
+    assert r["unmeasured"]["first_layer_over_bound"] == "layer.0.gdn"
+    assert r["not_moved"]["first_layer_over_bound"] == "layer.0.gdn"
+
+
 WORST_DRAFT = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
