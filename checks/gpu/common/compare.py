@@ -589,21 +589,27 @@ def _pair(name: str, ca: dict, cb: dict, suffix: str = "") -> tuple:
     return ca.get(name + suffix), cb.get(name + suffix)
 
 
+def _largest(cases: dict[str, Any], count: str, row_max: str, row_mean: str):
+    """Per point, the largest (row max, row mean) over all cases of the
+    rows `count` counts, times SPREAD_MARGIN."""
+    bounds: dict[str, tuple[float, float]] = {}
+    for entry in cases.values():
+        for name, s in entry["points"].items():
+            if not s.get(count):
+                continue
+            old = bounds.get(name, (0.0, 0.0))
+            bounds[name] = (
+                max(old[0], SPREAD_MARGIN * s[row_max]),
+                max(old[1], SPREAD_MARGIN * s[row_mean]),
+            )
+    return bounds
+
+
 def spread_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """Per point, the reference's largest spread over all its cases (row max,
     row mean), times SPREAD_MARGIN: one run's spread is one draw of a
     tie-sensitive process, the cases together are the declared bound."""
-    bounds: dict[str, tuple[float, float]] = {}
-    for entry in spread_cases.values():
-        for name, s in entry["points"].items():
-            if not s.get("tokens"):
-                continue
-            old = bounds.get(name, (0.0, 0.0))
-            bounds[name] = (
-                max(old[0], SPREAD_MARGIN * s["max_rel"]),
-                max(old[1], SPREAD_MARGIN * s["max_row_mean_rel"]),
-            )
-    return bounds
+    return _largest(spread_cases, "tokens", "max_rel", "max_row_mean_rel")
 
 
 def schedule_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, float]]:
@@ -611,17 +617,7 @@ def schedule_bounds(spread_cases: dict[str, Any]) -> dict[str, tuple[float, floa
     (orchestrate's `spread-schedule`): its largest moved rows (row max, row
     mean) over all cases, times SPREAD_MARGIN. Only rows whose input agreed
     count, so a layer downstream of a parting inherits no bound."""
-    bounds: dict[str, tuple[float, float]] = {}
-    for entry in spread_cases.values():
-        for name, s in entry["points"].items():
-            if not s.get("moved_tokens"):
-                continue
-            old = bounds.get(name, (0.0, 0.0))
-            bounds[name] = (
-                max(old[0], SPREAD_MARGIN * s["moved_row_max_rel"]),
-                max(old[1], SPREAD_MARGIN * s["moved_row_mean_rel"]),
-            )
-    return bounds
+    return _largest(spread_cases, "moved_tokens", "moved_row_max_rel", "moved_row_mean_rel")
 
 
 def judge(

@@ -706,17 +706,9 @@ def test_e3_matched_one_draft_row_more_than_its_outputs_predict():
     assert (by_kind["decode"]["tokens"], by_kind["draft"]["tokens"]) == (20, 21)
 
 
-SCHEDULES = """
-import json, sys, torch
-sys.path.insert(0, sys.argv[1])
-from compare import STEPS, compare_case, parting_cause, row_kinds, schedule_parting
-from compare import autotune_difference
-
-# e1's batch-4 split, scaled down (budget 12 tokens, prompts of 14): request A's
-# last chunk leaves 2 tokens of the budget to B in step 2 at both PP sizes; in
-# step 3 PP=1 decodes A (1 token) beside B's next 11, PP=3 gives B all 12 (A
-# decodes only every pp_size steps: scheduler next_decode_eligible_step).
-A, B = 1000, 2000
+# Two requests of 14-token prompts at a 12-token budget, as PP=1 and PP=3
+# schedule them (SCHEDULES says how they differ).
+TWO_SCHEDULES = """A, B = 1000, 2000
 def steps(rows):
     pos = torch.tensor([p for _, p, _ in rows]); ids = torch.tensor([i for i, _, _ in rows])
     info = torch.tensor([[s, sum(1 for r in rows if r[2] == s)] for *_, s in rows])
@@ -727,6 +719,22 @@ pp1 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
             + [(7, 14, 3)] + req(B, 10, 14, 3) + [(8, 15, 4)] + [(9, 14, 4)])
 pp3 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
             + req(B, 10, 14, 3) + [(7, 14, 4), (9, 14, 4)] + [(8, 15, 5)])
+"""
+
+SCHEDULES = (
+    """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from compare import STEPS, compare_case, parting_cause, row_kinds, schedule_parting
+from compare import autotune_difference
+
+# e1's batch-4 split, scaled down (budget 12 tokens, prompts of 14): request A's
+# last chunk leaves 2 tokens of the budget to B in step 2 at both PP sizes; in
+# step 3 PP=1 decodes A (1 token) beside B's next 11, PP=3 gives B all 12 (A
+# decodes only every pp_size steps: scheduler next_decode_eligible_step).
+"""
+    + TWO_SCHEDULES
+    + """
 sched = schedule_parting(pp1, pp3)
 # layer 0 GDN parts in B's third chunk (identical input): a split parting.
 rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(3))
@@ -766,6 +774,7 @@ print(json.dumps({
     "unrecorded": autotune_difference(None, capture_b),
 }))
 """
+)
 
 
 def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_decode_rows():
@@ -788,23 +797,16 @@ def test_the_record_tells_a_split_from_an_autotune_choice_and_draft_rows_from_de
     assert r["unrecorded"] == {"recorded": False}
 
 
-MOVED = """
+MOVED = (
+    """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from compare import STEPS, compare_case, judge, schedule_bounds
 
 # SCHEDULES' two schedules: B's rows 10-13 run in another context at PP=3.
-A, B = 1000, 2000
-def steps(rows):
-    pos = torch.tensor([p for _, p, _ in rows]); ids = torch.tensor([i for i, _, _ in rows])
-    info = torch.tensor([[s, sum(1 for r in rows if r[2] == s)] for *_, s in rows])
-    return (pos, ids, info)
-def req(base, lo, hi, step):
-    return [(base + p, p, step) for p in range(lo, hi)]
-pp1 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
-            + [(7, 14, 3)] + req(B, 10, 14, 3) + [(8, 15, 4)] + [(9, 14, 4)])
-pp3 = steps(req(A, 0, 12, 1) + req(A, 12, 14, 2) + req(B, 0, 10, 2)
-            + req(B, 10, 14, 3) + [(7, 14, 4), (9, 14, 4)] + [(8, 15, 5)])
+"""
+    + TWO_SCHEDULES
+    + """
 rows = torch.randn(40, 4, generator=torch.Generator().manual_seed(3))
 def point(base, delta):  # every element of `base`'s rows from position 12 off by delta
     pos, ids, _ = pp1
@@ -825,6 +827,7 @@ print(json.dumps({
     "not_moved": judge(against(A, 0.01), None, bounds),
 }))
 """
+)
 
 
 def test_rows_run_in_another_chunk_are_held_to_the_references_own_rechunked_spread():
