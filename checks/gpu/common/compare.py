@@ -164,13 +164,15 @@ def spec_difference(a: tuple | None, b: tuple | None) -> dict[str, Any]:
     }
 
 
-def _runs(steps: tuple) -> dict[tuple[int, int], tuple[tuple[int, int], int, int]]:
-    """Per token key: the first row (its key) of its run of consecutive
-    positions in its step (its prefill chunk or its verify pair), the run's
-    length and the step's token count. Keys seen twice (a recomputed or
-    padded row) are left out."""
+def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """Per token key, the context a step ran it in: (first position of its
+    run of consecutive positions in that step, i.e. its prefill chunk or its
+    verify pair, the run's length, the step's token count). Keys seen twice
+    (a recomputed or padded row) are left out."""
+    if steps is None:
+        return {}
     pos, ids, info = (t.tolist() for t in steps)
-    runs: dict[tuple[int, int], tuple[tuple[int, int], int, int]] = {}
+    contexts: dict[tuple[int, int], tuple[int, int, int]] = {}
     dup: set[tuple[int, int]] = set()
     i = 0
     while i < len(pos):
@@ -179,19 +181,11 @@ def _runs(steps: tuple) -> dict[tuple[int, int], tuple[tuple[int, int], int, int
             j += 1
         for r in range(i, j):
             key = (pos[r], ids[r])
-            if key in runs:
+            if key in contexts:
                 dup.add(key)
-            runs[key] = ((pos[i], ids[i]), j - i, info[i][1])
+            contexts[key] = (pos[i], j - i, info[i][1])
         i = j
-    return {k: v for k, v in runs.items() if k not in dup}
-
-
-def row_contexts(steps: tuple | None) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """Per token key, the context a step ran it in: (first position of its
-    run, the run's length, the step's token count)."""
-    if steps is None:
-        return {}
-    return {key: (head[0], n, tokens) for key, (head, n, tokens) in _runs(steps).items()}
+    return {k: v for k, v in contexts.items() if k not in dup}
 
 
 def moved_rows(a: tuple | None, b: tuple | None) -> set[tuple[int, int]]:
@@ -202,20 +196,22 @@ def moved_rows(a: tuple | None, b: tuple | None) -> set[tuple[int, int]]:
     return {key for key in set(ca) & set(cb) if ca[key] != cb[key]}
 
 
-def _run_heads(steps: tuple, spec: tuple | None) -> dict[tuple[int, int], tuple[int, int]]:
-    """Per token key, the key of its sequence's first row in its step: by
-    the row's own `#spec` offset where recorded (rows of a sequence are
-    contiguous in a step), else its run's first row (row_kinds says why)."""
+def _sequence_heads(steps: tuple, spec: tuple | None) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per token key, the key of its sequence's first row in its step: the
+    row `offset` rows before it by its own `#spec` (a sequence's rows are
+    contiguous in a step), else the row itself (a prompt or decode row; runs
+    of positions would join two requests whose positions follow on). Keys
+    seen twice are left out."""
     offsets = {key: f["offset"] for key, f in spec_fields(spec).items()}
-    runs = _runs(steps)
     pos, ids = steps[0].tolist(), steps[1].tolist()
-    heads = {}
+    heads: dict[tuple[int, int], tuple[int, int]] = {}
+    dup: set[tuple[int, int]] = set()
     for i, key in enumerate(zip(pos, ids, strict=True)):
-        if key not in runs:
-            continue
-        head = i - offsets[key] if key in offsets else -1
-        heads[key] = (pos[head], ids[head]) if head >= 0 else runs[key][0]
-    return heads
+        if key in heads:
+            dup.add(key)
+        head = max(i - offsets.get(key, 0), 0)
+        heads[key] = (pos[head], ids[head])
+    return {k: v for k, v in heads.items() if k not in dup}
 
 
 def row_histories(
@@ -228,13 +224,13 @@ def row_histories(
     different ones: once they sample different tokens at a near-tie (the
     rounding of another schedule flips it), the drafter can still propose
     the same id at the next position in both (e4, RESULTS.md). The request
-    is the one whose emitted token at the run's first position is the run's
-    first id (output k is fed at prompt_len + k); None where no request or
-    more than one fits."""
+    is the one whose emitted token heads the row's sequence in its step
+    (_sequence_heads; output k is fed at prompt_len + k); None where no
+    request or more than one fits."""
     if steps is None:
         return {}
     histories: dict[tuple[int, int], tuple[int, tuple[int, ...]] | None] = {}
-    for key, (start, first_id) in _run_heads(steps, spec).items():
+    for key, (start, first_id) in _sequence_heads(steps, spec).items():
         if key[0] < prompt_len or start < prompt_len:
             continue
         k = start - prompt_len

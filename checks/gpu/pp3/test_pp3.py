@@ -916,7 +916,7 @@ HISTORY = """
 import json, sys, torch
 from pathlib import Path
 root = Path(sys.argv[1]); sys.path.insert(0, sys.argv[2])
-from compare import SPEC, STEPS, compare_runs, judge
+from compare import SPEC, STEPS, compare_runs, judge, row_histories
 
 # e4's parting draft row, scaled down. Two requests, prompts of 10 (A: ids
 # 100-109, B: 200-209), MTP K=1. Both engines sample A's 5, 6, 7; B samples
@@ -956,6 +956,10 @@ for name, off in (("b_draft_off", [(12, 60)]), ("a_draft_off", [(12, 50)])):
     case = compare_runs(root / "ref.out.json", root / "other.out.json")["cases"]["10x2"]
     result[name] = {"history": case["history"], "point": case["points"]["layer.0.gdn"],
                     "verdict": judge(case["points"])}
+# Decode rows without `#spec` whose positions follow on in one step (B's
+# 10, then A's 11): each is its own request's, not the run's first row's.
+joined = steps([(p, 100 + p, 1) for p in range(L)] + [(10, 8, 2), (11, 6, 2)])
+result["joined"] = {str(k): v for k, v in row_histories(joined, outputs["ref"], L).items()}
 print(json.dumps(result))
 """
 
@@ -978,6 +982,7 @@ def test_rows_after_another_history_are_not_judged_and_rows_after_the_same_are(t
     assert a["verdict"] == {**a["verdict"], "equal": False, "first_layer_over_bound": "layer.0.gdn"}
     assert a["point"]["by_kind"]["draft"]["worst"]["position"] == 12
     assert a["point"]["by_kind"]["draft"]["worst"]["id"] == 50
+    assert r["joined"] == {"(10, 8)": [1, []], "(11, 6)": [0, [5]]}
 
 
 POISON = """
