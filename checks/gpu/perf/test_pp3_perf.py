@@ -144,6 +144,50 @@ def test_mtp_engine_needs_its_plan(inputs):
         pp3_perf.spec_for(pp3_perf.engines_named(["mtp1"])[0], inputs)
 
 
+# `flashnext plan --json --facts checks/fixtures/facts/3x3090-nvme.json --model M
+# --table T --mtp K --max-model-len 131072`, M the full skeleton after `flashnext
+# checkpoint mtp-int4` (pp3_perf prepare --mtp 1 2, 2026-12-05; 3 min on 2 cores).
+PLANS = HERE.parents[2] / "checks" / "fixtures" / "plans"
+
+
+def test_a_k_the_3x3090_plan_refuses_runs_on_k1s_argv_with_the_pool_it_needs():
+    """K=2 does not fit rank 2's pool at any length (GDN state of K + 1 blocks
+    per group); its draft step is measured on K=1's MTP argv with K=2 drafts
+    and a KV pool grown to hold one full-length request, and says so."""
+    plans = {k: json.loads((PLANS / f"3x3090-skeleton-mtp{k}.json").read_text()) for k in "12"}
+    mtp2 = plans["2"]["mtp"]
+    assert (
+        not mtp2["fits"]
+        and mtp2["load"]["fits"]
+        and "--speculative-config" not in plans["2"]["argv"]
+    )
+    assert mtp2["blocks_per_request"] > mtp2["pool_blocks"]
+    spec = pp3_perf.spec_for(pp3_perf.engines_named(["mtp2"])[0], {"plans": plans})
+    ours, k1 = _options(spec["argv"]), _options(plans["1"]["argv"][2:])
+    assert json.loads(ours["--speculative-config"]) == {
+        "method": "mtp",
+        "num_speculative_tokens": 2,
+    }
+    kv = int(ours["--kv-cache-memory-bytes"])
+    per_block = mtp2["kv_cache_memory_bytes"] / mtp2["pool_blocks"]
+    assert kv / per_block >= mtp2["blocks_per_request"] + pp3_perf.KV_POOL_MARGIN_BLOCKS
+    assert kv / per_block < mtp2["blocks_per_request"] + pp3_perf.KV_POOL_MARGIN_BLOCKS + 1
+    changed = {f for f in ours.keys() | k1.keys() if ours.get(f, "?") != k1.get(f, "?")}
+    overridden = {OVERRIDE_FLAGS[k] for k in spec["overrides"] if k in OVERRIDE_FLAGS}
+    assert changed - overridden == {"--speculative-config", "--kv-cache-memory-bytes"}
+    assert spec["mode"] == "offload, KV pool beyond 3x3090"
+    assert spec["beyond_3090"]["why"] == mtp2["reason"]
+    assert spec["beyond_3090"]["kv_cache_memory_bytes"] == {"plan": mtp2["kv_cache_memory_bytes"],
+                                                           "run": kv}  # fmt: skip
+    # K=1 fits: its own plan, nothing restated.
+    one = pp3_perf.spec_for(pp3_perf.engines_named(["mtp1"])[0], {"plans": plans})
+    assert one["beyond_3090"] is None and one["mode"] == "offload"
+    # Where the drafter does not even load, nothing can be restated.
+    refused = {**plans, "2": {**plans["2"], "mtp": {**mtp2, "load": {"fits": False}}}}
+    with pytest.raises(SystemExit, match="does not fit"):
+        pp3_perf.spec_for(pp3_perf.engines_named(["mtp2"])[0], {"plans": refused})
+
+
 # vLLM 0.33.0's own `vllm serve` parser and config builder on each engine's argv, as
 # perf_engine.py builds the engine (rank_fit_worker.engine_args): an argv vLLM would
 # refuse is found here, not in device time.

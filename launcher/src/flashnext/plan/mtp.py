@@ -233,6 +233,12 @@ class MtpFit:
             "longest_request_tokens": (
                 None if self.requests is None else self.requests.longest_request_tokens
             ),
+            # The pool as vLLM counts it: what one request at max_model_len takes, of
+            # what it hands out (a K whose state alone outgrows it fits at no length).
+            "blocks_per_request": (
+                None if self.requests is None else self.requests.blocks_per_request
+            ),
+            "pool_blocks": None if self.requests is None else self.requests.usable_blocks,
             "kv_cache_memory_bytes": self.kv_cache_bytes,
             "cpu_offload_gb": self.cpu_offload_gb,
             "cpu_offload_params": list(self.offload_params),
