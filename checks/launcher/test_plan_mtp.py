@@ -369,3 +369,26 @@ def test_the_cli_takes_mtp_and_says_the_bf16_drafter_needs_the_writer(full_skele
     assert fit["fix"] == f"flashnext checkpoint mtp-int4 --model {full_skeleton}"
     bad = runner.invoke(main, [*args, "--mtp", "-1"])
     assert bad.exit_code == 2 and "--mtp" in bad.output and "Traceback" not in bad.output
+
+
+def test_two_drafts_fit_at_no_length_and_the_fix_is_one_draft_at_a_length_that_starts(
+    full_skeleton, full_model_int4
+):
+    """With 2 drafts each GDN and PLE state group keeps 3 blocks per request:
+    the state alone outgrows the last card's pool, so no --max-model-len
+    helps; the fix names the most drafts that start, and its length, and that
+    plan's drafter fits."""
+    from flashnext.assess import assess
+
+    opts = PlanOptions(model_dir=str(full_skeleton), table_path="/nvme/ple.bin", mtp=2,
+                       max_model_len=FITS)  # fmt: skip
+    a = assess(base_facts(), opts, "3x3090", model=full_model_int4)
+    f = {f.id: f for f in a.findings}["mtp.fit"]
+    assert f.level == "fail" and a.plan.mtp.requests.longest_request_tokens == 0
+    off, fewer = f.fix.split(", or ")
+    assert off == "--mtp 0 (serve without MTP)"
+    drafts, length = re.fullmatch(r"--mtp (\d+) --max-model-len (\d+)", fewer).groups()
+    assert drafts == "1" and int(length) <= FITS
+    one = dataclasses.replace(opts, mtp=int(drafts), max_model_len=int(length))
+    fixed = assess(base_facts(), one, "3x3090", model=full_model_int4)
+    assert {f.id: f for f in fixed.findings}["mtp.fit"].level == "ok"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from flashnext.checks.finding import Finding
 from flashnext.checks.inputs import PreflightInput, _ok
 from flashnext.plan.mtp import INT4_FIX
+from flashnext.plan.qsa_sizing import RequestCapacity
 from flashnext.units import gib
 
 
@@ -43,6 +45,7 @@ def mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
         return
     cap = mtp.requests
     longest = cap.longest_request_tokens if cap is not None else 0
+    fewer = _fewer_drafts(cap, inp.profile.mtp.num_speculative_tokens) if not longest else None
     yield Finding(
         "mtp.fit",
         "fail",
@@ -50,5 +53,27 @@ def mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
         f">= {cap.blocks_per_request if cap else 1} (one request of "
         f"{inp.plan.max_model_len.value} tokens)",
         f"MTP does not fit: {mtp.reason}",
-        f"{off}, or --max-model-len {longest}" if longest else off,
+        f"{off}, or --max-model-len {longest}"
+        if longest
+        else f"{off}, or {fewer}"
+        if fewer
+        else off,
     )
+
+
+def _fewer_drafts(cap: RequestCapacity | None, drafts: int) -> str | None:
+    """Where K drafts' state alone outgrows the pool (it fits at no length): the
+    most drafts whose state leaves room for a request, and the length it then
+    fits at. Each draft adds one block per GDN and PLE state group
+    (qsa_sizing.request_capacity); the pool itself does not change with K."""
+    if cap is None:
+        return None
+    per_draft = cap.groups.gdn + cap.groups.ple
+    for n in range(drafts - 1, 0, -1):
+        fewer = dataclasses.replace(
+            cap, state_blocks_per_request=cap.state_blocks_per_request - (drafts - n) * per_draft
+        )
+        if fewer.longest_request_tokens:
+            length = min(fewer.longest_request_tokens, cap.max_model_len)
+            return f"--mtp {n} --max-model-len {length}"
+    return None
