@@ -385,6 +385,9 @@ def test_two_drafts_fit_at_no_length_and_the_fix_is_one_draft_at_a_length_that_s
     a = assess(base_facts(), opts, "3x3090", model=full_model_int4)
     f = {f.id: f for f in a.findings}["mtp.fit"]
     assert f.level == "fail" and a.plan.mtp.requests.longest_request_tokens == 0
+    # What `plan --json` says of it (the perf harness grows the pool from these).
+    doc = a.plan.mtp.to_json()
+    assert doc["blocks_per_request"] > doc["pool_blocks"] == a.plan.mtp.requests.usable_blocks
     off, fewer = f.fix.split(", or ")
     assert off == "--mtp 0 (serve without MTP)"
     drafts, length = re.fullmatch(r"--mtp (\d+) --max-model-len (\d+)", fewer).groups()

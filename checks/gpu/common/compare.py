@@ -525,9 +525,7 @@ def compare_case(
         clean_before = min(firsts) if firsts else None
         loose_from = (spread or {}).get(name, {}).get("first_parting_position")
         a, b = _pair(name, ca, cb)
-        points[name] = compare_point(
-            a, b, clean_before, loose_from, kinds, other_history, moved
-        )  # fmt: skip
+        points[name] = compare_point(a, b, clean_before, loose_from, kinds, other_history, moved)
         for entry in points[name].get("by_kind", {}).values():
             entry["worst"].update(ran((entry["worst"]["position"], entry["worst"]["id"])))
         # A long prompt's rows left out of the capture may part first.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 from flashnext.checks.finding import Finding
@@ -45,7 +44,11 @@ def mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
         return
     cap = mtp.requests
     longest = cap.longest_request_tokens if cap is not None else 0
-    fewer = _fewer_drafts(cap, inp.profile.mtp.num_speculative_tokens) if not longest else None
+    fix = off
+    if longest:
+        fix = f"{off}, or --max-model-len {longest}"
+    elif fewer := _fewer_drafts(cap, inp.profile.mtp.num_speculative_tokens):
+        fix = f"{off}, or {fewer}"
     yield Finding(
         "mtp.fit",
         "fail",
@@ -53,27 +56,18 @@ def mtp_fit(inp: PreflightInput) -> Iterator[Finding]:
         f">= {cap.blocks_per_request if cap else 1} (one request of "
         f"{inp.plan.max_model_len.value} tokens)",
         f"MTP does not fit: {mtp.reason}",
-        f"{off}, or --max-model-len {longest}"
-        if longest
-        else f"{off}, or {fewer}"
-        if fewer
-        else off,
+        fix,
     )
 
 
 def _fewer_drafts(cap: RequestCapacity | None, drafts: int) -> str | None:
     """Where K drafts' state alone outgrows the pool (it fits at no length): the
     most drafts whose state leaves room for a request, and the length it then
-    fits at. Each draft adds one block per GDN and PLE state group
-    (qsa_sizing.request_capacity); the pool itself does not change with K."""
+    fits at (the pool itself does not change with K)."""
     if cap is None:
         return None
-    per_draft = cap.groups.gdn + cap.groups.ple
     for n in range(drafts - 1, 0, -1):
-        fewer = dataclasses.replace(
-            cap, state_blocks_per_request=cap.state_blocks_per_request - (drafts - n) * per_draft
-        )
-        if fewer.longest_request_tokens:
-            length = min(fewer.longest_request_tokens, cap.max_model_len)
-            return f"--mtp {n} --max-model-len {length}"
+        longest = cap.with_fewer_drafts(drafts - n).longest_request_tokens
+        if longest:
+            return f"--mtp {n} --max-model-len {min(longest, cap.max_model_len)}"
     return None

@@ -16,7 +16,7 @@ manager by `checks/patches/test_kv_request_capacity.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import lcm
 
 # The attention kernels take block sizes in multiples of 16
@@ -388,6 +388,12 @@ class RequestCapacity:
         """The largest --max-model-len at which `requests` such requests fit at once."""
         room = self.usable_blocks // requests - self.state_blocks_per_request
         return max(room, 0) // self.groups.qsa * self.block_size_tokens
+
+    def with_fewer_drafts(self, n: int) -> RequestCapacity:
+        """The same pool and length with n draft tokens fewer: each draft keeps one
+        more block per GDN and PLE state group (request_capacity's per_state)."""
+        fewer = n * (self.groups.gdn + self.groups.ple)
+        return replace(self, state_blocks_per_request=self.state_blocks_per_request - fewer)
 
 
 def request_capacity(
