@@ -1,19 +1,24 @@
 """Issue 24's results contract, from what the GPU host wrote.
 
-    python checks/gpu/pp3/contract.py EQUALITY_JSON [--serve SERVE_JSON]
-        --command CMD [--command CMD ...] --out-dir checks/gpu/results
+    python checks/gpu/pp3/contract.py EQUALITY_JSON [EQUALITY_JSON ...]
+        [--serve SERVE_JSON] --command CMD [--command CMD ...] --out-dir checks/gpu/results
 
-EQUALITY_JSON is orchestrate.py's `pp3_equality-RUN.json`; SERVE_JSON the
-`serve-tiny.json` of the launcher serving PP=3 (checks/gpu/serve/serve-tiny in its
-PP=3 mode). Writes `pp3-RUN.json` (PP=3 against PP=1 in each mode, the two
-sensitivity runs, the launcher's serve) and `layer_ab-RUN.json` (the PP=1
-offload and PLE-file A/B, layer by layer), each with the commands that made
-it. Runs on the host's python (stdlib only).
+EQUALITY_JSON is orchestrate.py's `pp3_equality-RUN.json`: one call's, or
+each call's where the run's calls ran on more than one machine (a machine
+lost between calls; the later file's comparison where two made the same).
+The verdicts are judged here, over every call's comparisons together, by
+the judge that made them. SERVE_JSON is the `serve-tiny.json` of the
+launcher serving PP=3 (checks/gpu/serve/serve-tiny in its PP=3 mode).
+Writes `pp3-RUN.json` (PP=3 against PP=1 in each mode, the two sensitivity
+runs, the launcher's serve) and `layer_ab-RUN.json` (the PP=1 offload and
+PLE-file A/B, layer by layer), each with the commands that made it. Runs
+on the host's python (stdlib only).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -22,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from orchestrate import EQUALITY_MODES, EXPECTED_CATCH  # noqa: E402
+from orchestrate import EQUALITY_MODES, EXPECTED_CATCH, compare, judge_all  # noqa: E402
 
 TORCH_NOTE = (
     "our pinned vLLM 0.33.0 on the H200 host's torch 2.11.0+cu130, not the pinned torch 2.14"
@@ -33,6 +38,51 @@ PP3_COMPARISONS = {f"pp3-{m.name}": (m, 8) for m in EQUALITY_MODES} | {
 }
 AB_COMPARISONS = {"ab-offload": "QSA K/V offloaded vs VRAM", "ab-ple-file": "PLE file vs VRAM"}
 SERVE_KEYS = ("health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s", "clean_stop")
+
+
+# What the calls of one run share; a file that differs is another run's.
+RUN_KEYS = ("run_id", "devices", "emulated", "profile", "plan_hash", "compare_sha256")
+
+
+def _run_stamp(result: dict[str, Any]) -> dict[str, Any]:
+    series = (result.get("series") or {}).get("series_sha256")
+    return {key: result.get(key) for key in RUN_KEYS} | {"series_sha256": series}
+
+
+def merged(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """The calls of one run as one equality result: every call's engines and
+    comparisons (the later file's where two compared the same pair), judged
+    together, so a comparison made on a fresh machine is bounded by the
+    spreads another machine measured (orchestrate.judge_all)."""
+    (first_path, first), *rest = results
+    stamp = _run_stamp(first)
+    for path, result in rest:
+        for key, value in _run_stamp(result).items():
+            if value != stamp[key]:
+                raise SystemExit(
+                    f"contract: {path} is not of {first_path}'s run: its {key} is {value!r}, "
+                    f"not {stamp[key]!r}. Give the equality results of one run id, "
+                    "made by one kit and one compare.py."
+                )
+    here = hashlib.sha256(Path(compare.__file__).read_bytes()).hexdigest()
+    if stamp["compare_sha256"] not in (None, here):  # None: made before the stamp
+        raise SystemExit(
+            f"contract: {first_path} was compared by another compare.py than this checkout's "
+            f"(sha256 {stamp['compare_sha256']}); judge it from the commit that ran it: "
+            "git log -- checks/gpu/common/compare.py"
+        )
+    one = dict(first) | {"engines": {}, "specs": {}, "comparisons": {}, "compared_in": {}}
+    for path, result in results:
+        for part in ("engines", "specs", "comparisons"):
+            one[part] |= result.get(part, {})
+        one["compared_in"] |= dict.fromkeys(result.get("comparisons", {}), str(path))
+    one["cuda_launch_blocking"] = any(r["cuda_launch_blocking"] for _, r in results)
+    one["verdicts"] = judge_all(one["comparisons"])
+    one["calls"] = [
+        {"file": str(path), "engines": sorted(result.get("engines", {}))}
+        for path, result in results
+    ]
+    return one
 
 
 def _case(case: str) -> tuple[int, int]:
@@ -92,6 +142,8 @@ def common(equality: dict[str, Any], commands: list[str]) -> dict[str, Any]:
         "cuda_launch_blocking": equality["cuda_launch_blocking"],
         "software": TORCH_NOTE,
         "commands": commands,
+        "calls": equality.get("calls"),  # each equality file and the engines it ran
+        "compared_in": equality.get("compared_in"),
     }
 
 
@@ -126,17 +178,18 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("equality", type=Path)
+    parser.add_argument("equality", type=Path, nargs="+")
     parser.add_argument("--serve", type=Path)
     parser.add_argument("--command", action="append", required=True, dest="commands")
     parser.add_argument("--out-dir", type=Path, required=True)
     args = parser.parse_args(argv)
-    equality = json.loads(args.equality.read_text())
-    if equality.get("phase") != "equality":
-        print(f"contract: {args.equality} is not an equality phase result", file=sys.stderr)
-        return 2
+    results = [(path, json.loads(path.read_text())) for path in args.equality]
+    for path, result in results:
+        if result.get("phase") != "equality":
+            print(f"contract: {path} is not an equality phase result", file=sys.stderr)
+            return 2
     serve = json.loads(args.serve.read_text()) if args.serve else None
-    pp3, ab = build(equality, serve, args.commands)
+    pp3, ab = build(merged(results), serve, args.commands)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in ((f"pp3-{pp3['run_id']}.json", pp3), (f"layer_ab-{ab['run_id']}.json", ab)):
         dest = args.out_dir / name

@@ -265,6 +265,7 @@ EQUALITY_PAIRS = (
 # has its own (e4: its spread parts at other positions than eager's); every
 # other reference takes the eager one's.
 SPREAD_OF = {f"pp1-{EAGER.name}": "spread", f"pp1-{PROFILE.name}": "spread-profile"}
+SPREAD_KEYS = tuple(key for key, *_ in EQUALITY_PAIRS if key.startswith("spread"))
 
 
 def spread_key(ref: str) -> str:
@@ -421,6 +422,15 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def earlier_spreads(path: Path) -> dict[str, Any]:
+    """The references' spreads as an earlier call of the run measured them
+    (`--spread-from`), so that a call on a fresh machine, after the machine
+    that ran them was lost, bounds its comparisons as that machine would
+    have. A spread whose two engines run anew in this call replaces its own."""
+    earlier = json.loads(path.read_text()).get("comparisons", {})
+    return {key: earlier[key] | {"from": str(path)} for key in SPREAD_KEYS if key in earlier}
+
+
 def cached(raw: Path, name: str, inputs: list[Path], extra: Any, compute) -> Any:
     """compute(), kept in RAW/compare/ under the bytes it reads: a later call
     of the same run id computes again only what an engine run anew changed.
@@ -454,11 +464,8 @@ def equality(args) -> dict[str, Any]:
         if path.exists():
             finished[name] = json.loads(path.read_text())
     done = {n for n, r in finished.items() if r.get("ok")}
-    comparisons: dict[str, Any] = {}
-    if args.spread_from:  # the reference's spread as an earlier run of it measured
-        comparisons["spread"] = json.loads(args.spread_from.read_text())["comparisons"]["spread"]
-        comparisons["spread"]["from"] = str(args.spread_from)
-    for key, ref, other, what in EQUALITY_PAIRS:  # "spread" first: the others use it
+    comparisons = earlier_spreads(args.spread_from) if args.spread_from else {}
+    for key, ref, other, what in EQUALITY_PAIRS:  # the spreads first: the others use them
         if ref in done and other in done:
             spread = None if key.startswith("spread") else comparisons.get(spread_key(ref))
             pair = [args.raw / f"{ref}.out.json", args.raw / f"{other}.out.json"]
@@ -529,7 +536,9 @@ def main() -> int:
         help="`flashnext plan --json` of the h200-tiny-pp3 profile: every engine's settings",
     )  # fmt: skip
     parser.add_argument(
-        "--spread-from", type=Path, help="an earlier equality result whose spread to use"
+        "--spread-from",
+        type=Path,
+        help="an earlier call's equality result whose spreads to use (its machine was lost)",
     )
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--parallel", type=int, default=10)
@@ -547,6 +556,8 @@ def main() -> int:
         "devices": 1,
         "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"),
         "series": _series_stamp(args.kit),
+        # The comparison and its judge: the contract merges only calls of one.
+        "compare_sha256": hashlib.sha256(Path(compare.__file__).read_bytes()).hexdigest(),
         "profile": args.plan.get("profile"),
         "plan_hash": args.plan.get("plan_hash"),
     }

@@ -310,6 +310,76 @@ def test_contract_refuses_a_serve_result_without_the_serve_block(tmp_path):
     assert written["serve"] is None and written["sensitivity"]["boundary_shift_caught"] is None
 
 
+def _moved_point(moved_mean):
+    """A point whose only parting rows ran in another chunk in each engine."""
+    return {
+        "tokens": 10, "max_rel": 0.0, "mean_rel": 0.0, "max_row_mean_rel": moved_mean,
+        "clean_row_max_rel": 0.0, "clean_row_mean_rel": 0.0,
+        "loose_row_max_rel": 0.0, "loose_row_mean_rel": 0.0,
+        "moved_tokens": 2, "moved_row_max_rel": 0.0, "moved_row_mean_rel": moved_mean,
+    }  # fmt: skip
+
+
+def _call(tmp_path, name, comparisons, **stamp):
+    """One call's equality result, as orchestrate writes it, judged where it ran."""
+    result = _equality_result(orchestrate.judge_all(comparisons)) | {
+        "comparisons": comparisons,
+        "engines": {n: {"ok": True} for c in comparisons.values() for n in (c["ref"], c["other"])},
+        "compare_sha256": None,
+    } | stamp  # fmt: skip
+    path = tmp_path / name / "pp3_equality-t1.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_the_calls_of_one_run_on_two_machines_are_judged_as_one(tmp_path):
+    """A machine lost between calls: the A/B ran on a fresh one, without the
+    rechunked reference. Alone, its rows run in other chunks are held to
+    rounding and part; with the first machine's `spread-schedule` they are
+    held to twice the reference's own, as one machine would have judged."""
+    import contract
+
+    eager = f"pp1-{orchestrate.EAGER.name}"
+
+    def pair(ref, other, moved_mean):
+        case = {"points": {"layer.0.gdn": _moved_point(moved_mean)}, "ids_equal": True}
+        return {"ref": ref, "other": other, "cases": {"3000x4": case}}
+
+    first = _call(tmp_path, "call2", {"spread-schedule": pair(eager, f"{eager}-rechunk", 0.01)})
+    ab = {"ab-offload": pair(eager, "pp1-eager-offload", 0.015)}  # within 2 x 0.01
+    second = _call(tmp_path, "call3", ab)
+    alone = json.loads(second.read_text())["verdicts"]["ab-offload"]["3000x4"]
+    assert alone["first_layer_over_bound"] == "layer.0.gdn"
+    out = tmp_path / "out"
+    args = [str(first), str(second), "--command", "c", "--out-dir", str(out)]
+    assert contract.main(args) == 0
+    ((run,),) = [json.loads((out / "layer_ab-t1.json").read_text())["runs"]]
+    assert run["equal_to_pp1"] is True
+    written = json.loads((out / "pp3-t1.json").read_text())
+    assert written["compared_in"] == {"spread-schedule": str(first), "ab-offload": str(second)}
+    assert [c["engines"] for c in written["calls"]] == [
+        sorted([eager, f"{eager}-rechunk"]),
+        sorted([eager, "pp1-eager-offload"]),
+    ]
+    # Another kit's call, or one compared by another compare.py, is refused.
+    other_series = _call(tmp_path, "other", ab, series={"series_sha256": "cd" * 32})
+    with pytest.raises(SystemExit, match="series_sha256"):
+        contract.main([str(first), str(other_series), "--command", "c", "--out-dir", str(out)])
+    older = _call(tmp_path, "older", ab, compare_sha256="ef" * 32)
+    with pytest.raises(SystemExit, match="another compare.py"):
+        contract.main([str(older), "--command", "c", "--out-dir", str(out)])
+
+
+def test_a_call_on_a_fresh_machine_takes_every_spread_of_an_earlier_call(tmp_path):
+    earlier = tmp_path / "pp3_equality-t1.json"
+    spreads = {key: {"ref": key, "cases": {}} for key in orchestrate.SPREAD_KEYS}
+    earlier.write_text(json.dumps({"comparisons": spreads | {"pp3-eager-vram": {"cases": {}}}}))
+    taken = orchestrate.earlier_spreads(earlier)
+    assert set(taken) == {"spread", "spread-schedule", "spread-profile"}
+    assert all(c["from"] == str(earlier) for c in taken.values())
+
+
 def _point(strict_max=0.0, strict_mean=0.0, loose_max=0.0, loose_mean=0.0):
     return {
         "tokens": 10, "max_rel": max(strict_max, loose_max), "mean_rel": strict_mean,
