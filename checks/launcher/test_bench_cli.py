@@ -116,3 +116,16 @@ def test_bench_without_mtp_reports_no_acceptance(standin):
     doc = json.loads(res.stdout)
     assert doc["spec_decode"] is None
     assert all(r["metric"] != "MTP acceptance rate" for r in doc["comparison"])
+
+
+def test_report_of_a_bad_facts_file_says_why_in_each_part(tmp_path):
+    """A bug report is still written, and no part of it hides the cause."""
+    facts = tmp_path / "facts.json"
+    facts.write_text("garbage")
+    res = CliRunner().invoke(main, ["report", "--facts", str(facts)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    for part in ("facts", "plan", "preflight"):
+        assert (
+            "not JSON" in doc[part]["unavailable"] and "flashnext facts" in doc[part]["unavailable"]
+        )

@@ -326,7 +326,8 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
         plan = plan_json(a.plan, a.command) if a.plan else {"unavailable": a.plan_error}
         preflight = {"profile": a.profile.name, "findings": to_jsonable(a.findings)}
     except (click.ClickException, OSError, ValueError) as exc:
-        preflight = {"unavailable": str(getattr(exc, "message", exc))}
+        # Nothing was assessed: each part says why (a bad --facts file, say).
+        facts = plan = preflight = {"unavailable": str(getattr(exc, "message", exc))}
     series = r.patch_series(r.default_series_dir())
     vllm_dir = r.vllm_package_dir(vllm_python) if vllm_python else None
     doc = r.build_report(
