@@ -21,6 +21,8 @@ basis says so.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from projection import (
@@ -28,10 +30,16 @@ from projection import (
     MeasuredStep,
     RankBytes,
     hbm_bytes_per_step,
+    mtp_c1_tok_s,
     pcie_bytes_per_step,
     project_3090,
     roofline_fraction,
 )
+
+# The launcher's speculative-step arithmetic (pure), so the measured figures
+# and the plan's paper projection count a round's tokens alike.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "launcher" / "src"))
+from flashnext.plan.mtp_projection import tokens_per_step  # noqa: E402
 
 NOTE = (
     "our pinned vLLM 0.33.0 on the host's torch 2.11.0+cu130 (not the pinned torch 2.14), "
@@ -46,6 +54,11 @@ RANK_KEYS = (
 )  # fmt: skip
 PROJECTION_KEYS = ("c1_tok_s", "c4_tok_s", "mtp1_c1_tok_s", "basis")
 CUT_KEYS = ("what", "before", "after")
+MTP_KEYS = (
+    "mtp_k", "mode", "draft_ms", "h200_round_ms", "tokens_per_round", "h200_tok_s",
+    "projected_3090_c1_tok_s", "measured_decode_tok_s",
+)  # fmt: skip
+MTP_KS = (1, 2, 3)
 
 
 def rank_bytes_of(inputs: dict[str, Any], rank: int) -> RankBytes:
@@ -244,6 +257,46 @@ def _draft_ms(raw: dict[str, Any] | None) -> float | None:
     return us / 1e3 if us is not None else None
 
 
+def mtp_rows(
+    raws: dict[str, dict[str, Any]],
+    inputs: dict[str, Any],
+    links: Links,
+    gpu_model: str,
+    acceptance: float | None,
+) -> list[dict[str, Any]]:
+    """Issue 27 item 1, per K the harness ran (engines mtp1-mtp3), at c=1:
+    the draft step's cost on the last rank (`propose`, CUDA events), the
+    H200's measured round (the last rank's decode period: every rank's
+    verify pass, the draft and the hops), the tokens a round yields at the
+    profile's acceptance, and the tok/s those give, on the H200 as measured
+    and on 3x3090 as projected (projection.mtp_c1_tok_s). Dummy weights
+    accept what they accept: `measured_decode_tok_s` is that run's, not a
+    figure at the cited rate. K above 1 ran with a KV pool beyond 3x3090
+    (`mode`; pp3_perf.beyond_3090)."""
+    rows = []
+    for k in MTP_KS:
+        raw = raws.get(f"mtp{k}")
+        if raw is None:
+            continue
+        case = _decode_case(raw, 1)
+        _, (verify, _), _ = rank_rows(raw, inputs, links.h200_read_bytes_per_s, gpu_model=gpu_model)
+        draft = _draft_ms(raw)
+        period = case["ranks"][-1].get("decode_period_ms") if case else None
+        tokens = tokens_per_step(acceptance, k) if acceptance is not None else None
+        rows.append({
+            "mtp_k": k,
+            "mode": raw["spec"]["mode"],
+            "draft_ms": draft,
+            "h200_round_ms": period,
+            "tokens_per_round": tokens,
+            "h200_tok_s": tokens * 1e3 / period if tokens and period else None,
+            "projected_3090_c1_tok_s": mtp_c1_tok_s(verify, draft, links, tokens)
+            if verify and draft is not None and tokens else None,
+            "measured_decode_tok_s": case.get("decode_tok_s") if case else None,
+        })  # fmt: skip
+    return rows
+
+
 def build(
     run_id: str,
     inputs: dict[str, Any],
@@ -261,6 +314,7 @@ def build(
     )
     projection = project_3090(c1 or [], c4, mtp1, links, mtp1_draft_ms=_draft_ms(raws.get("mtp1")),
                               acceptance_rate=acceptance)  # fmt: skip
+    mtp = mtp_rows(raws, inputs, links, model, acceptance)
     if not c1:
         projection["basis"] = None
     else:
@@ -274,6 +328,7 @@ def build(
         "ranks": ranks,
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
         "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
+        "mtp": mtp,
         "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
         "scheduler": scheduler_costs(raws.get("offload")),
         "time_sharing": {
@@ -311,6 +366,11 @@ def build(
             "start_memory": "the offload engine's start peaks per process (NVML, torch "
             "reserved and allocated) beside the plan's predicted start peak (start_peak)",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
+            "mtp": "per K at c=1: draft_ms the last rank's propose (CUDA events, median); "
+            "h200_round_ms its decode period; tokens_per_round at the profile's acceptance "
+            "(flashnext.plan.mtp_projection.tokens_per_step); h200_tok_s their ratio; "
+            "projected_3090_c1_tok_s as projection_3090's basis says; measured_decode_tok_s "
+            "the run's own, at what dummy weights accept",
         },
         "engines": {
             name: {
@@ -351,6 +411,12 @@ def missing_paths(doc: dict[str, Any]) -> list[str]:
         out += [f"ranks[{i}].{k}" for k in RANK_KEYS if row.get(k) is None]
     out += [f"projection_3090.{k}" for k in PROJECTION_KEYS if doc["projection_3090"][k] is None]
     out += [f"cut.{k}" for k in CUT_KEYS if doc["cut"][k] is None]
+    ran = {row["mtp_k"]: row for row in doc["mtp"]}
+    for k in MTP_KS:
+        if k not in ran:
+            out.append(f"mtp[K={k}]")
+            continue
+        out += [f"mtp[K={k}].{key}" for key in MTP_KEYS if ran[k][key] is None]
     if not doc["runs"]:
         out.append("runs")
     return out

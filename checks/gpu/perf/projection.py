@@ -175,6 +175,22 @@ def project_step_ms(step: MeasuredStep, links: Links) -> dict[str, float]:
     return {"gpu_ms": gpu_ms, "cpu_ms": step.cpu_ms, "step_ms": gpu_ms + step.cpu_ms}
 
 
+def round_ms(steps: list[MeasuredStep], links: Links) -> float:
+    """A token's way through the ranks on 3x3090: their projected steps in turn."""
+    return sum(project_step_ms(s, links)["step_ms"] for s in steps)
+
+
+def mtp_c1_tok_s(
+    verify: list[MeasuredStep], draft_ms: float, links: Links, tokens_per_round: float
+) -> float:
+    """c=1 with MTP on 3x3090: a round is each rank's verify step in turn and
+    the draft step on the last rank (its GPU time, scaled as GPU time is),
+    and yields tokens_per_round (at K drafts and acceptance a, the launcher's
+    mtp_projection.tokens_per_step)."""
+    ratio = links.h200_read_bytes_per_s / links.b3090_bytes_per_s
+    return tokens_per_round * 1e3 / (round_ms(verify, links) + draft_ms * ratio)
+
+
 def project_3090(
     c1: list[MeasuredStep],
     c4: list[MeasuredStep] | None,
@@ -193,19 +209,14 @@ def project_3090(
     1 + acceptance tokens and costs the verify steps plus the draft step
     (measured on the last rank, scaled like its GPU time)."""
 
-    def round_ms(steps: list[MeasuredStep]) -> float:
-        return sum(project_step_ms(s, links)["step_ms"] for s in steps)
-
-    ratio = links.h200_read_bytes_per_s / links.b3090_bytes_per_s
     out: dict[str, Any] = {
-        "c1_tok_s": 1e3 / round_ms(c1) if c1 else None,
-        "c4_tok_s": 4e3 / round_ms(c4) if c4 else None,
+        "c1_tok_s": 1e3 / round_ms(c1, links) if c1 else None,
+        "c4_tok_s": 4e3 / round_ms(c4, links) if c4 else None,
         "mtp1_c1_tok_s": None,
     }
     if mtp1 and mtp1_draft_ms is not None and acceptance_rate is not None:
-        out["mtp1_c1_tok_s"] = (
-            (1 + acceptance_rate) * 1e3 / (round_ms(mtp1) + mtp1_draft_ms * ratio)
-        )
+        # One draft token: the target's own token plus the draft when accepted.
+        out["mtp1_c1_tok_s"] = mtp_c1_tok_s(mtp1, mtp1_draft_ms, links, 1 + acceptance_rate)
     out["basis"] = (
         "per rank: (GPU busy - QSA host reads at the H200's measured pinned H2D "
         f"{links.h200_h2d_bytes_per_s / 1e9:.1f} GB/s) x H200 measured read "

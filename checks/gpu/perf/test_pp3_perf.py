@@ -726,6 +726,35 @@ def test_contract_has_exactly_the_issues_fields(inputs):
     assert not [m for m in doc["missing"] if m.startswith("ranks")]
 
 
+def test_contract_reports_each_ks_draft_cost_and_the_tok_s_at_the_cited_rate(inputs):
+    """Issue 27 item 1: per K, the draft step on the last rank and what the
+    measured round gives at the profile's acceptance, the launcher's
+    speculative arithmetic counting the tokens (made-up raws and rate)."""
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    one = inputs["plans"]["0"] | {"mtp": {"projection": {"acceptance_rate": 0.65}}}
+    mtp_inputs = inputs | {"plans": inputs["plans"] | {"1": one}}
+    raws = {name: _fake_raw(inputs, name, mtp_k=k) for name, k in
+            (("offload", 0), ("mtp1", 1), ("mtp2", 2))}  # fmt: skip
+    raws["mtp2"]["spec"]["mode"] = "offload, KV pool beyond 3x3090"
+    doc = perf_contract.build("test", mtp_inputs, raws, bandwidth)
+    rows = {row["mtp_k"]: row for row in doc["mtp"]}
+    assert list(rows) == [1, 2] and all(tuple(r) == perf_contract.MTP_KEYS for r in doc["mtp"])
+    # the last rank's propose (3,000 us) and its decode period (30 ms)
+    assert (rows[1]["draft_ms"], rows[1]["h200_round_ms"]) == (3.0, 30.0)
+    assert rows[1]["tokens_per_round"] == pytest.approx(1.65)
+    assert rows[2]["tokens_per_round"] == pytest.approx(1 + 0.65 + 0.65**2)
+    assert rows[2]["h200_tok_s"] == pytest.approx((1 + 0.65 + 0.65**2) * 1000 / 30)
+    assert rows[1]["projected_3090_c1_tok_s"] == pytest.approx(
+        doc["projection_3090"]["mtp1_c1_tok_s"]
+    )
+    assert rows[2]["projected_3090_c1_tok_s"] > rows[1]["projected_3090_c1_tok_s"]
+    assert rows[2]["mode"].endswith("beyond 3x3090") and rows[1]["measured_decode_tok_s"] == 30.0
+    assert "mtp[K=3]" in doc["missing"] and not [m for m in doc["missing"] if "K=1" in m]
+    # No cited rate: the draft cost stands, what it would give does not.
+    bare = perf_contract.build("test", inputs, raws, bandwidth)["mtp"][0]
+    assert bare["draft_ms"] == 3.0 and bare["h200_tok_s"] is None
+
+
 def test_contract_takes_the_gpu_time_the_calibration_upheld(inputs):
     bandwidth = json.loads(BANDWIDTH.read_text())
     raws = {"offload": _fake_raw(inputs, "offload")}
