@@ -175,6 +175,37 @@ def test_vllm_takes_the_mtp_argv(mtp_parsed, skeleton):
     assert ns["generation_config"] == str(skeleton)
 
 
+def _with_capture_sizes(argv, sizes):
+    argv = list(argv)
+    at = argv.index("--compilation-config") + 1
+    argv[at] = json.dumps(json.loads(argv[at]) | {"cudagraph_capture_sizes": sizes})
+    return argv
+
+
+def test_with_mtp_every_decode_batch_replays_a_full_graph(mtp_parsed):
+    """FULL_DECODE_ONLY is the profile's mode: each decode of 1-4 requests must
+    find a captured graph in vLLM's V2 runner. With MTP K=1 a decode of n
+    requests is 2n tokens; the profile's sizes alone (what the plan emitted
+    before decode_capture_sizes) leave 3 and 4 requests eager."""
+    _, argv, _ = mtp_parsed
+    mtp = ask_vllm("decode_graphs", list(argv[2:]))
+    assert mtp["num_speculative_tokens"] == 1 and mtp["capture_sizes"] == [1, 2, 4, 8]
+    assert mtp["graph_tokens_by_requests"] == {"1": 2, "2": 4, "3": 8, "4": 8}
+    before = ask_vllm("decode_graphs", _with_capture_sizes(argv[2:], [1, 2, 4]))
+    assert before["graph_tokens_by_requests"] == {"1": 2, "2": 4, "3": None, "4": None}
+
+
+def test_without_mtp_every_decode_batch_replays_a_full_graph(skeleton):
+    from flashnext.plan.command import compilation_config_json
+    from flashnext.profiles import available_profiles
+
+    profile = available_profiles()["3x3090"]
+    argv = [str(skeleton), "--max-num-seqs", "4", "--max-num-batched-tokens", "512",
+            "--compilation-config", compilation_config_json(profile)]  # fmt: skip
+    got = ask_vllm("decode_graphs", argv)
+    assert got["graph_tokens_by_requests"] == {"1": 1, "2": 2, "3": 4, "4": 4}
+
+
 CASES = [
     {"layers": 48, "pp": 3, "partition": None},
     {"layers": 7, "pp": 3, "partition": None},

@@ -208,6 +208,10 @@ def test_3x3090_with_int4_experts_fits_on_rank_2_with_the_offload_argv(full_mode
     assert flags["--cpu-offload-gb"] == [[cpu_offload_gib(n.offloaded_bytes)]] == [["1.81"]]
     assert flags["--cpu-offload-params"] == [list(SEGMENTS)]
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(p.kv_cache_memory_bytes.value)
+    # Decode graphs for 1, 2 and 4 requests of 2 tokens each (the contract suite
+    # asks vLLM's runner which decodes replay them).
+    compilation = json.loads(argv[argv.index("--compilation-config") + 1])
+    assert compilation["cudagraph_capture_sizes"] == [1, 2, 4, 8]
 
 
 def test_shipped_bf16_experts_do_not_load_and_the_reason_names_the_writer(full_model):
@@ -259,7 +263,12 @@ def test_without_mtp_the_plan_json_is_unchanged(full_model):
     doc = p.to_json()
     assert p.mtp is None and "mtp" not in doc
     assert all("drafter_weight_bytes" not in r for r in doc["ranks"])
-    assert mtp_flags(serve_command(p, PROFILE, OPTIONS).argv) == {}
+    argv = serve_command(p, PROFILE, OPTIONS).argv
+    assert mtp_flags(argv) == {}
+    compilation = json.loads(argv[argv.index("--compilation-config") + 1])
+    assert compilation["cudagraph_capture_sizes"] == list(
+        PROFILE.compilation.cudagraph_capture_sizes
+    )
 
 
 def test_no_mtp_tensors_means_no_drafter(full_model):

@@ -46,6 +46,18 @@ def plan_table(plan: dict[str, Any]) -> str | None:
     return None if engram is None else json.loads(engram).get("mmap_path")
 
 
+def mtp_compilation(plan: dict[str, Any], num_speculative_tokens: int) -> dict[str, Any]:
+    """The plan's compilation config with the decode graphs K draft tokens need,
+    as the launcher's MTP plan has them (flashnext.plan.decode_graphs), for an
+    engine that turns MTP on in a plan made without it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "launcher" / "src"))
+    from flashnext.plan.decode_graphs import decode_capture_sizes
+
+    compilation = json.loads(flag_value(list(plan["argv"]), "--compilation-config") or "{}")
+    sizes = decode_capture_sizes(compilation["cudagraph_capture_sizes"], num_speculative_tokens)
+    return compilation | {"cudagraph_capture_sizes": sizes}
+
+
 def without_flag(argv: list[str], flag: str) -> list[str]:
     """argv less `flag VALUE`."""
     if flag not in argv:

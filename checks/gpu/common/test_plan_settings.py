@@ -152,6 +152,7 @@ def test_the_pp3_engines_run_the_plans_settings(plan):
 
     path, model, table = plan
     doc = settings(path)["kwargs"]
+    doc_argv = json.loads(path.read_text())["argv"]
     engines = pp3_engines(json.loads(path.read_text()), model, table)
     for name, engine in engines.items():
         kwargs, applied = engine["kwargs"], engine["overrides"]
@@ -160,12 +161,18 @@ def test_the_pp3_engines_run_the_plans_settings(plan):
             if key not in applied:
                 assert kwargs.get(key) == doc.get(key), (name, key)
     graphs = engines["pp3-graphs-offload-mtp"]
-    assert graphs["kwargs"]["compilation_config"] == doc["compilation_config"]
+    # MTP turned on by the harness: the decode graphs the launcher's MTP plan
+    # captures (a decode of n requests is 2n tokens), the plan's mode and mode.
+    plan_compilation = json.loads(plan_settings.flag_value(doc_argv, "--compilation-config"))
+    assert graphs["kwargs"]["compilation_config"] == plan_compilation | {
+        "cudagraph_capture_sizes": [1, 2, 4, 8]
+    }
     assert graphs["overrides"] == {
         "distributed_executor_backend": "mp",
         "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
         "disable_log_stats": False,
         "model": str(model.parent / "echo"),
+        "compilation_config": graphs["kwargs"]["compilation_config"],
     }
     assert engines["pp1-eager-vram"]["overrides"] == {
         "pipeline_parallel_size": 1, "enforce_eager": True, "compilation_config": None,

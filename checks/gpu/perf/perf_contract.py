@@ -297,6 +297,21 @@ def mtp_rows(
     return rows
 
 
+def cut_of(raws: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 27 item 4: decode tok/s at c=4 before and after the cut
+    (pp3_perf.CUT: its two engines, run in the same run)."""
+    from pp3_perf import CUT
+
+    before, after, what = CUT
+
+    def c4(name: str) -> float | None:
+        case = _decode_case(raws.get(name), 4)
+        return case.get("decode_tok_s") if case else None
+
+    measured = {"before": c4(before), "after": c4(after)}
+    return {"what": what if any(v is not None for v in measured.values()) else None} | measured
+
+
 def build(
     run_id: str,
     inputs: dict[str, Any],
@@ -327,7 +342,7 @@ def build(
         "runs": runs_of(raws),
         "ranks": ranks,
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
-        "cut": dict.fromkeys(CUT_KEYS),  # no cut was made by this harness
+        "cut": cut_of(raws),
         "mtp": mtp,
         "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
         "scheduler": scheduler_costs(raws.get("offload")),

@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent / "common"))
 
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
 from own_session import run_in_own_session  # noqa: E402
-from plan_settings import plan_env  # noqa: E402
+from plan_settings import flag_value, plan_env  # noqa: E402
 from rank_fit import HOST_ENV, TOKEN_RANGE, start_ballast, stop_ballast  # noqa: E402
 
 FACTS_3090 = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
@@ -77,14 +77,23 @@ class Engine:
     mode: str  # "offload": the plan's; "vram": QSA K/V in VRAM
     mtp_k: int = 0
     cases: tuple = ()  # ("decode", concurrency) | ("ttft", prompt_tokens or "limit")
+    # The cut's before: the profile's capture sizes alone, as the plan had them
+    # before flashnext.plan.decode_graphs (MTP's 3-4 request decodes ran eager).
+    profile_capture_sizes: bool = False
 
 
+MTP_DECODE = (("decode", 1), ("decode", 4))
 ENGINES = (
     Engine("offload", "offload", 0, (("decode", 1), ("decode", 4), ("ttft", TTFT_48K))),
     Engine("offload-262k", "offload", 0, (("ttft", "limit"),)),
     Engine("vram", "vram", 0, (("decode", 1), ("decode", 4), ("ttft", TTFT_48K))),
-    *(Engine(f"mtp{k}", "offload", k, (("decode", 1), ("decode", 4))) for k in (1, 2, 3)),
+    *(Engine(f"mtp{k}", "offload", k, MTP_DECODE) for k in (1, 2, 3)),
+    Engine("mtp1-before", "offload", 1, MTP_DECODE, profile_capture_sizes=True),
 )
+# issue 27's cut, before and after in one run: (engine before, engine after, what)
+CUT = ("mtp1-before", "mtp1", "MTP K=1 decode graphs: capture sizes [1, 2, 4] -> [1, 2, 4, 8] "
+       "(flashnext.plan.decode_graphs: with the profile's alone a decode of 3-4 requests, 6-8 "
+       "tokens, had no graph and ran eager); decode tok/s at c=4")  # fmt: skip
 
 
 def engines_named(names: list[str] | None) -> list[Engine]:
@@ -267,7 +276,12 @@ def beyond_3090(inputs: dict[str, Any], k: int) -> tuple[dict[str, Any], dict[st
     `pool_blocks`), so its argv carries no MTP. A draft step's cost is still
     measurable: K=1's plan (the profile's MTP argv) with K drafts and
     --kv-cache-memory-bytes grown until one request at max_model_len fits,
-    KV_POOL_MARGIN_BLOCKS to spare. Only where the drafter loads (`load`)."""
+    KV_POOL_MARGIN_BLOCKS to spare, and the decode graphs K drafts need (the
+    launcher's decode_capture_sizes on the profile's sizes, which the refused
+    plan's argv carries). Only where the drafter loads (`load`)."""
+    sys.path.insert(0, str(REPO / "launcher" / "src"))
+    from flashnext.plan.decode_graphs import decode_capture_sizes
+
     mtp = inputs["plans"][str(k)].get("mtp") or {}
     base = inputs["plans"].get("1")
     if not ((mtp.get("load") or {}).get("fits") and mtp.get("pool_blocks") and base
@@ -276,12 +290,20 @@ def beyond_3090(inputs: dict[str, Any], k: int) -> tuple[dict[str, Any], dict[st
     need = mtp["blocks_per_request"] + KV_POOL_MARGIN_BLOCKS
     kv = math.ceil(mtp["kv_cache_memory_bytes"] * need / mtp["pool_blocks"])
     drafts = json.dumps({"method": "mtp", "num_speculative_tokens": k}, separators=(",", ":"))
-    argv = _set(_set(list(base["argv"]), "--speculative-config", drafts),
-                "--kv-cache-memory-bytes", str(kv))  # fmt: skip
+    argv = list(inputs["plans"][str(k)]["argv"])
+    compilation = json.loads(argv[argv.index("--compilation-config") + 1])
+    compilation["cudagraph_capture_sizes"] = decode_capture_sizes(
+        compilation["cudagraph_capture_sizes"], k
+    )
+    argv = _set(list(base["argv"]), "--speculative-config", drafts)
+    argv = _set(argv, "--kv-cache-memory-bytes", str(kv))
+    argv = _set(argv, "--compilation-config", json.dumps(compilation, sort_keys=True,
+                                                         separators=(",", ":")))  # fmt: skip
     restated = {
         "why": mtp["reason"],
         "plan": f"K=1's ({base['plan_hash']}), {k} drafts",
         "kv_cache_memory_bytes": {"plan": mtp["kv_cache_memory_bytes"], "run": kv},
+        "cudagraph_capture_sizes": compilation["cudagraph_capture_sizes"],
         "blocks": {"per_request": mtp["blocks_per_request"], "pool": mtp["pool_blocks"]},
     }
     return base | {"argv": argv}, restated
@@ -296,6 +318,10 @@ def spec_for(engine: Engine, inputs: dict[str, Any]) -> dict[str, Any]:
     if engine.mtp_k and not plan.get("mtp", {}).get("fits", False):
         plan, restated = beyond_3090(inputs, engine.mtp_k)
     argv, overrides = engine_argv(plan, engine)
+    if engine.profile_capture_sizes:
+        profile = flag_value(inputs["plans"]["0"]["argv"], "--compilation-config")
+        argv = _set(argv, "--compilation-config", profile)
+        overrides["compilation_config"] = json.loads(profile)
     env, env_changes = engine_env(plan, engine)
     usable = [r["vram_usable_bytes"] for r in plan["ranks"]]
     return {

@@ -174,7 +174,12 @@ def test_a_k_the_3x3090_plan_refuses_runs_on_k1s_argv_with_the_pool_it_needs():
     assert kv / per_block < mtp2["blocks_per_request"] + pp3_perf.KV_POOL_MARGIN_BLOCKS + 1
     changed = {f for f in ours.keys() | k1.keys() if ours.get(f, "?") != k1.get(f, "?")}
     overridden = {OVERRIDE_FLAGS[k] for k in spec["overrides"] if k in OVERRIDE_FLAGS}
-    assert changed - overridden == {"--speculative-config", "--kv-cache-memory-bytes"}
+    assert changed - overridden == {
+        "--speculative-config", "--kv-cache-memory-bytes", "--compilation-config"
+    }  # fmt: skip
+    # a decode of n requests is 3n tokens: each of the profile's sizes x 3 is captured
+    sizes = json.loads(ours["--compilation-config"])["cudagraph_capture_sizes"]
+    assert sizes == [1, 2, 3, 4, 6, 12] == spec["beyond_3090"]["cudagraph_capture_sizes"]
     assert spec["mode"] == "offload, KV pool beyond 3x3090"
     assert spec["beyond_3090"]["why"] == mtp2["reason"]
     assert spec["beyond_3090"]["kv_cache_memory_bytes"] == {"plan": mtp2["kv_cache_memory_bytes"],
@@ -186,6 +191,26 @@ def test_a_k_the_3x3090_plan_refuses_runs_on_k1s_argv_with_the_pool_it_needs():
     refused = {**plans, "2": {**plans["2"], "mtp": {**mtp2, "load": {"fits": False}}}}
     with pytest.raises(SystemExit, match="does not fit"):
         pp3_perf.spec_for(pp3_perf.engines_named(["mtp2"])[0], {"plans": refused})
+
+
+def test_the_cuts_before_is_k1s_argv_with_the_profiles_capture_sizes_alone(inputs):
+    """mtp1-before: K=1's MTP argv but for the decode graphs the plan adds for
+    MTP (flashnext.plan.decode_graphs), recorded as an override."""
+    one = json.loads((PLANS / "3x3090-skeleton-mtp1.json").read_text())
+    plans = {"0": inputs["plans"]["0"], "1": one}
+    before, after = (pp3_perf.spec_for(pp3_perf.engines_named([n])[0], {"plans": plans})
+                     for n in ("mtp1-before", "mtp1"))  # fmt: skip
+    ours, theirs = _options(before["argv"]), _options(after["argv"])
+    assert {f for f in ours.keys() | theirs.keys() if ours.get(f) != theirs.get(f)} == {
+        "--compilation-config"
+    }
+    sizes = [
+        json.loads(o["--compilation-config"])["cudagraph_capture_sizes"] for o in (ours, theirs)
+    ]
+    assert sizes == [[1, 2, 4], [1, 2, 4, 8]]
+    assert before["overrides"]["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4]
+    assert (before["mtp_k"], before["mode"]) == (1, "offload")
+    assert pp3_perf.CUT[:2] == ("mtp1-before", "mtp1")
 
 
 # vLLM 0.33.0's own `vllm serve` parser and config builder on each engine's argv, as
@@ -753,6 +778,18 @@ def test_contract_reports_each_ks_draft_cost_and_the_tok_s_at_the_cited_rate(inp
     # No cited rate: the draft cost stands, what it would give does not.
     bare = perf_contract.build("test", inputs, raws, bandwidth)["mtp"][0]
     assert bare["draft_ms"] == 3.0 and bare["h200_tok_s"] is None
+
+
+def test_contract_cut_is_c4_decode_before_and_after_in_the_same_run(inputs):
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    raws = {name: _fake_raw(inputs, name, mtp_k=1) for name in ("mtp1-before", "mtp1")}
+    raws["mtp1-before"]["cases"][1]["decode_tok_s"] = 20.0  # made up: c=4 eager
+    cut = perf_contract.build("test", inputs, raws, bandwidth)["cut"]
+    assert (cut["before"], cut["after"]) == (20.0, 30.0) and cut["what"] == pp3_perf.CUT[2]
+    alone = perf_contract.build("test", inputs, {"mtp1": raws["mtp1"]}, bandwidth)
+    assert alone["cut"]["before"] is None and "cut.before" in alone["missing"]
+    nothing = perf_contract.build("test", inputs, {}, bandwidth)["cut"]
+    assert nothing == dict.fromkeys(perf_contract.CUT_KEYS)
 
 
 def test_contract_takes_the_gpu_time_the_calibration_upheld(inputs):

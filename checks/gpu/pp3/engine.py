@@ -30,7 +30,7 @@ COMMON = HERE.parent / "common"
 sys.path.insert(0, str(COMMON))
 
 from engine_probes import spec_decode_counts  # noqa: E402
-from plan_settings import engine_settings, plan_table  # noqa: E402
+from plan_settings import engine_settings, flag_value, mtp_compilation, plan_table  # noqa: E402
 
 # Prompts longer than this are captured thinned (capture.start).
 LONG_PROMPT = 4096
@@ -60,6 +60,9 @@ def overrides(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if eager:
         wanted["compilation_config"] = None
+    elif mtp and flag_value(list(spec["plan"]["argv"]), "--speculative-config") is None:
+        # MTP turned on here: the decode graphs the launcher's MTP plan captures.
+        wanted["compilation_config"] = mtp_compilation(spec["plan"], mtp["num_speculative_tokens"])
     if not spec.get("table"):
         wanted["engram_config"] = None  # PLE in VRAM
     elif spec["table"] != plan_table(spec["plan"]):

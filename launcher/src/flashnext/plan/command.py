@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashnext.facts.schema import dumps
+from flashnext.plan.decode_graphs import decode_capture_sizes
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.planner import Plan
 from flashnext.profiles import Profile
@@ -21,12 +22,14 @@ from flashnext.profiles import Profile
 ENGRAM_MMAP_PATH = "mmap_path"  # 0010: EngramConfig field, the PLE table file
 
 
-def compilation_config_json(profile: Profile) -> str:
+def compilation_config_json(profile: Profile, num_speculative_tokens: int = 0) -> str:
     comp = profile.compilation
     doc = {
         "mode": comp.mode,
         "cudagraph_mode": comp.cudagraph_mode,
-        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes),
+        "cudagraph_capture_sizes": decode_capture_sizes(
+            comp.cudagraph_capture_sizes, num_speculative_tokens
+        ),
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -70,7 +73,8 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
     argv += ["--gpu-memory-utilization", str(profile.memory.gpu_memory_utilization)]
     # Setting KV bytes skips vLLM's memory profiling (and its cudagraph double count).
     argv += ["--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes.value)]
-    argv += ["--compilation-config", compilation_config_json(profile)]
+    drafts = profile.mtp.num_speculative_tokens if plan.mtp is not None and plan.mtp.fits else 0
+    argv += ["--compilation-config", compilation_config_json(profile, drafts)]
     if profile.vllm.additional_config:  # one JSON object, like --compilation-config
         extra = json.dumps(profile.vllm.additional_config, sort_keys=True, separators=(",", ":"))
         argv += ["--additional-config", extra]
@@ -81,7 +85,7 @@ def serve_command(plan: Plan, profile: Profile, options: PlanOptions) -> ServeCo
         argv += ["--engram-config", json.dumps(engram, sort_keys=True, separators=(",", ":"))]
     if plan.mtp is not None and plan.mtp.fits:
         # One JSON object, like --compilation-config.
-        spec = {"method": "mtp", "num_speculative_tokens": profile.mtp.num_speculative_tokens}
+        spec = {"method": "mtp", "num_speculative_tokens": drafts}
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
         # The drafter's routed experts and embedding in pinned host memory, read in
         # place (patch 0031): the segments select nothing of the target's, and the
