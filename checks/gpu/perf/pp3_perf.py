@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent / "common"))
 
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
 from own_session import run_in_own_session  # noqa: E402
-from plan_settings import flag_value, plan_env  # noqa: E402
+from plan_settings import flag_value, mtp_compilation, plan_env  # noqa: E402
 from rank_fit import HOST_ENV, TOKEN_RANGE, start_ballast, stop_ballast  # noqa: E402
 
 FACTS_3090 = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
@@ -276,12 +276,9 @@ def beyond_3090(inputs: dict[str, Any], k: int) -> tuple[dict[str, Any], dict[st
     `pool_blocks`), so its argv carries no MTP. A draft step's cost is still
     measurable: K=1's plan (the profile's MTP argv) with K drafts and
     --kv-cache-memory-bytes grown until one request at max_model_len fits,
-    KV_POOL_MARGIN_BLOCKS to spare, and the decode graphs K drafts need (the
-    launcher's decode_capture_sizes on the profile's sizes, which the refused
+    KV_POOL_MARGIN_BLOCKS to spare, and the decode graphs K drafts need (as
+    the launcher's MTP plan has them, from the profile's sizes the refused
     plan's argv carries). Only where the drafter loads (`load`)."""
-    sys.path.insert(0, str(REPO / "launcher" / "src"))
-    from flashnext.plan.decode_graphs import decode_capture_sizes
-
     mtp = inputs["plans"][str(k)].get("mtp") or {}
     base = inputs["plans"].get("1")
     if not ((mtp.get("load") or {}).get("fits") and mtp.get("pool_blocks") and base
@@ -290,11 +287,7 @@ def beyond_3090(inputs: dict[str, Any], k: int) -> tuple[dict[str, Any], dict[st
     need = mtp["blocks_per_request"] + KV_POOL_MARGIN_BLOCKS
     kv = math.ceil(mtp["kv_cache_memory_bytes"] * need / mtp["pool_blocks"])
     drafts = json.dumps({"method": "mtp", "num_speculative_tokens": k}, separators=(",", ":"))
-    argv = list(inputs["plans"][str(k)]["argv"])
-    compilation = json.loads(argv[argv.index("--compilation-config") + 1])
-    compilation["cudagraph_capture_sizes"] = decode_capture_sizes(
-        compilation["cudagraph_capture_sizes"], k
-    )
+    compilation = mtp_compilation(inputs["plans"][str(k)], k)
     argv = _set(list(base["argv"]), "--speculative-config", drafts)
     argv = _set(argv, "--kv-cache-memory-bytes", str(kv))
     argv = _set(argv, "--compilation-config", json.dumps(compilation, sort_keys=True,

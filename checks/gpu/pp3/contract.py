@@ -8,8 +8,9 @@ each call's where the run's calls ran on more than one machine (a machine
 lost between calls; the later file's comparison where two made the same).
 The verdicts are judged here, over every call's comparisons together, by
 this checkout's compare.py, which must be the one that compared them (each
-file's `compare_sha256`; a file written before that stamp is taken on trust). SERVE_JSON is the `serve-tiny.json` of the
-launcher serving PP=3 (checks/gpu/serve/serve-tiny in its PP=3 mode).
+file's `compare_sha256`; a file written before that stamp is taken on
+trust). SERVE_JSON is the `serve-tiny.json` of the launcher serving PP=3
+(checks/gpu/serve/serve-tiny in its PP=3 mode).
 Writes `pp3-RUN.json` (PP=3 against PP=1 in each mode, the two sensitivity
 runs, the launcher's serve) and `layer_ab-RUN.json` (the PP=1 offload and
 PLE-file A/B, layer by layer), each with the commands that made it. Runs
