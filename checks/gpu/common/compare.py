@@ -407,12 +407,21 @@ def compare_point(
     diff[nan_a | nan_b] = 0.0
     rel_max = diff.max(dim=1).values / scale
     rel_mean = diff.mean(dim=1) / scale
-    parted = ((diff.max(dim=1).values > 0) | nan_parted).nonzero().flatten()
-    first = min(keys[int(i)][0] for i in parted) if len(parted) else None
-    clean = torch.tensor([clean_before is None or k[0] < clean_before for k in keys])
-    loose = torch.tensor([loose_from is not None and k[0] >= loose_from for k in keys])
+    parted = (diff.max(dim=1).values > 0) | nan_parted
+    positions = torch.tensor([k[0] for k in keys])
+
+    def first_parting(rows) -> int | None:
+        """The first position among these rows that parts (tensor ops: a
+        Python loop over a long case's rows cost the GPU host seconds)."""
+        at = positions[parted & rows]
+        return int(at.min()) if len(at) else None
+
+    every, none = torch.ones(len(keys), dtype=torch.bool), torch.zeros(len(keys), dtype=torch.bool)
+    clean = every if clean_before is None else positions < clean_before
+    loose = none if loose_from is None else positions >= loose_from
     elsewhere = torch.tensor([k in moved for k in keys])
     strict, shifted, loose = clean & ~loose & ~elsewhere, clean & ~loose & elsewhere, clean & loose
+    first = first_parting(every)
 
     def worst(rel, rows) -> float:
         return float(rel[rows].max()) if bool(rows.any()) else 0.0
@@ -421,7 +430,6 @@ def compare_point(
     for kind in sorted(set((kinds or {}).values())):
         rows = torch.tensor([(kinds or {}).get(k) == kind for k in keys])
         if bool(rows.any()):
-            firsts = [keys[int(i)][0] for i in parted if bool(rows[int(i)])]
             # The kind's worst row by name, so a run says which row it was
             # (compare_case adds where each engine ran it).
             top = int(torch.where(rows, rel_mean, -1.0).argmax())
@@ -429,7 +437,7 @@ def compare_point(
                 "tokens": int(rows.sum()),
                 "max_rel": worst(rel_max, rows),
                 "max_row_mean_rel": worst(rel_mean, rows),
-                "first_parting_position": min(firsts) if firsts else None,
+                "first_parting_position": first_parting(rows),
                 "nan_rows": {"ref": int(nan_a[rows].sum()), "other": int(nan_b[rows].sum())},
                 # One row past rounding or all of them: a stray row or the kind's path.
                 "rows_over_rounding": int((rel_mean[rows] > BF16_ROW_MEAN).sum()),
