@@ -41,6 +41,7 @@ def facts_command(
     storage = {role: p for role, p in (("table", table_path), ("model", model_dir)) if p}
     facts = collect_host_facts(storage, [(host, port)])
     if out:
+        _refuse_inputs(out, model_dir, table_path)
         directory = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(directory):
             raise click.BadParameter(
@@ -58,3 +59,12 @@ def facts_command(
         render_table(title, columns, rows)
     if out:
         click.echo(f"facts written to {out}")
+
+
+def _refuse_inputs(out: str, model_dir: str | None, table_path: str | None) -> None:
+    from flashnext.input_files import OutputClash, refuse_input_paths
+
+    try:
+        refuse_input_paths(out, model_dir, table_path, "facts --out")
+    except OutputClash as exc:
+        raise FlashnextError(exc.message, exc.fix) from None
