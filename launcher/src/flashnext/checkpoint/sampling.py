@@ -72,7 +72,7 @@ def parse_sampling(pairs: Sequence[str]) -> dict[str, Any]:
             value = json.loads(
                 raw.strip().lower() if raw.strip().lower() in ("true", "false") else raw
             )
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, nested deep, thousands of digits
             raise CheckpointError(
                 f"--sampling {pair!r}: {raw!r} is not a number or true/false"
             ) from None

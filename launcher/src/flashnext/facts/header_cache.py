@@ -49,9 +49,11 @@ def _entry_path(root: Path) -> Path:
 
 def load(root: Path, index: Path | None) -> dict[str, Any] | None:
     """The stored entry when the index (or its absence) and every shard still match."""
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+
     try:
-        doc = json.loads(_entry_path(root).read_text())
-    except (OSError, ValueError):
+        doc = read_json_object(_entry_path(root), "header cache entry")
+    except JsonFileError:
         return None
     if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
         return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import marshal
 import operator
 import os
@@ -26,6 +25,13 @@ from typing import Any, NamedTuple
 
 from flashnext.facts import header_cache
 from flashnext.facts.config_check import check_sections
+from flashnext.facts.jsonfile import (
+    MAX_CONFIG_BYTES,
+    MAX_JSON_BYTES,
+    JsonFileError,
+    parse_json,
+    read_limited,
+)
 from flashnext.facts.safetensors import (
     ShardHeader,
     read_safetensors_header,
@@ -40,7 +46,7 @@ from flashnext.facts.schema import (
     TensorInfo,
     bytes_by_class,
 )
-from flashnext.read_errors import unreadable
+from flashnext.read_errors import not_a_file, unreadable
 
 # Names other code imports from here (checks/gpu/tiny/tiny_model.py: tensor_nbytes).
 __all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
@@ -54,22 +60,24 @@ SINGLE_FILE = "model.safetensors"
 # ---------------------------------------------------------------- the model directory
 
 
-def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+def _read_json(path: Path, what: str, fix: str, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A checkpoint's JSON file, read bounded (`limit`): a device, a FIFO or a 150 MB
+    file is an error, not gigabytes of memory or a hang; so is hostile JSON."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_limited(path, what, limit)
     except FileNotFoundError as exc:
         raise ModelFactsError(f"{path}: missing {what}; {fix}") from exc
+    except JsonFileError as exc:
+        raise ModelFactsError(f"{exc}; {fix}") from None
     except OSError as exc:
         denied = unreadable(path, exc)
         if denied:  # the file is there: access, not a download, is what is missing
             raise ModelFactsError(f"{denied[0]}; {denied[1]}", fix=denied[1]) from exc
         raise ModelFactsError(f"{path}: cannot read {what} ({exc.strerror}); {fix}") from exc
-    except UnicodeDecodeError as exc:
-        raise ModelFactsError(f"{path}: {what} is not UTF-8 text; {fix}") from exc
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelFactsError(f"{path}: {what} is not valid JSON ({exc}); {fix}") from exc
+        doc = parse_json(raw, str(path), what)
+    except JsonFileError as exc:
+        raise ModelFactsError(f"{exc}; {fix}") from None
     if not isinstance(doc, dict):
         raise ModelFactsError(f"{path}: {what} must be a JSON object; {fix}")
     return doc
@@ -80,7 +88,7 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
     index_path = model_dir / INDEX_FILE
     fix = "re-download the checkpoint's index file"
     if index_path.exists():
-        index = _read_json(index_path, "safetensors index", fix)
+        index = _read_json(index_path, "safetensors index", fix, MAX_JSON_BYTES)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelFactsError(f"{index_path}: no weight_map (tensor name -> file); {fix}")
@@ -246,6 +254,12 @@ def _read_shards(
     files, weight_map = _shard_files(root)
     for file in files:
         if not (root / file).is_file():
+            why = not_a_file(root / file)  # a link loop or a FIFO is no missing download
+            if why:
+                raise ModelFactsError(
+                    f"{why}; it is a shard named by {INDEX_FILE}: replace it with the shard "
+                    "itself (re-download it)"
+                )
             raise ModelFactsError(
                 f"{root / file}: missing shard named by {INDEX_FILE}; the download is "
                 "incomplete: fetch the missing file(s) again"

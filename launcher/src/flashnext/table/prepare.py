@@ -109,11 +109,13 @@ def fsync_dir(path: Path) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+    from flashnext.facts.manifest import MAX_MANIFEST_BYTES
+
+    try:  # our own journal or manifest: bounded all the same (a user can put anything there)
+        return read_json_object(path, "table journal", MAX_MANIFEST_BYTES)
+    except JsonFileError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def check_storage(out: Path, layout: TableLayout, file_layout: str, force: bool) -> str | None:
