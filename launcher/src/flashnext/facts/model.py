@@ -83,6 +83,50 @@ def _read_json(path: Path, what: str, fix: str, limit: int = MAX_CONFIG_BYTES) -
     return doc
 
 
+def _patterns_problem(where: str, patterns: Any) -> str | None:
+    """Why `patterns` (a group's targets, the ignore list) is no list of module names and
+    `re:` patterns that compile, as compressed-tensors reads them; None if it is one."""
+    if not isinstance(patterns, list):
+        return f"{where} is {type(patterns).__name__} {patterns!r:.60}, not a list of names"
+    for p in patterns:
+        if not isinstance(p, str) or not p:
+            return f"{where} holds {p!r}, not a module name or re: pattern"
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except (re.error, RecursionError, OverflowError) as exc:
+                return f"{where} holds {p!r}, whose pattern does not compile ({exc})"
+    return None
+
+
+def _check_quant_structure(quant: dict[str, Any], path: Path) -> None:
+    """quantization_config's shape before anything resolves schemes from it: groups an
+    object of objects with target lists, ignore a list, patterns that compile."""
+    groups = quant.get("config_groups")
+    problem = None
+    if groups is not None and not isinstance(groups, dict):
+        problem = (f"quantization_config.config_groups is a {type(groups).__name__}, not an "
+                   "object of group name -> {targets, weights}")  # fmt: skip
+    for name, group in (groups or {}).items() if isinstance(groups, dict) else ():
+        if problem:
+            break
+        if not isinstance(group, dict):
+            problem = f"quantization_config.config_groups.{name} is not an object"
+        else:
+            problem = _patterns_problem(f"quantization_config.config_groups.{name}.targets",
+                                        group.get("targets", []))  # fmt: skip
+    if not problem and quant.get("ignore") is not None:
+        problem = _patterns_problem("quantization_config.ignore", quant["ignore"])
+    method = quant.get("quant_method")
+    if not problem and method is not None and not isinstance(method, str):
+        problem = f"quantization_config.quant_method is {method!r}, not a name"
+    if problem:
+        raise ModelFactsError(
+            f"{path}: {problem}; vLLM cannot read it either: restore config.json from the "
+            "published checkpoint (then `flashnext checkpoint fix` if preflight asks for it)"
+        )
+
+
 def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | None]:
     """Shard file names in index order, and the index's weight_map (None without an index)."""
     index_path = model_dir / INDEX_FILE
@@ -205,6 +249,8 @@ def _read_model_facts(root: Path) -> ModelFacts:
             f"{root / CONFIG_FILE}: quantization_config is {type(quant).__name__}, not an "
             "object; restore config.json from the published checkpoint"
         )
+    if quant is not None:
+        _check_quant_structure(quant, root / CONFIG_FILE)
     check_sections(config, root / CONFIG_FILE)
     generation = None
     if (root / GENERATION_CONFIG_FILE).exists():
