@@ -81,3 +81,27 @@ def test_facts_and_report_out_never_replace_the_checkpoint_or_the_table(ckpt, tm
     fresh = tmp_path / "facts.json"  # a new file beside them is fine
     assert invoke("facts", "--model", str(ckpt.path), "--out", str(fresh)).exit_code == 0
     assert fresh.exists()
+
+
+@pytest.mark.parametrize("target", ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors"])
+@pytest.mark.parametrize("command", ["prepare", "verify"])
+def test_table_tools_never_follow_an_index_entry_outside_the_model(ckpt, tmp_path, target,
+                                                                   command):  # fmt: skip
+    """Issue 39 class 7: the table tools obey `checkpoint check`'s index rule."""
+    import json
+
+    index = ckpt.path / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    shard = next(n for n in doc["weight_map"] if "ngram_embedding.shard_" in n)
+    doc["weight_map"][shard] = target
+    index.write_text(json.dumps(doc))
+    (tmp_path / "outside.safetensors").write_bytes(b"never read")
+    table = tmp_path / "ple.bin"
+    args = (["--out", str(table), *force_if_needed(tmp_path)] if command == "prepare"
+            else ["--table", str(table)])  # fmt: skip
+    result = invoke("table", command, "--model", str(ckpt.path), *args)
+    assert result.exit_code == 1, result.output
+    assert f"weight_map entry {shard!r} names {target!r}, not a file in the model directory" in (
+        result.output
+    )
+    assert not table.exists()

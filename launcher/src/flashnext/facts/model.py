@@ -127,6 +127,12 @@ def _check_quant_structure(quant: dict[str, Any], path: Path) -> None:
         )
 
 
+def not_a_file_in_the_directory(file: object) -> bool:
+    """An index entry that names no file of the model directory itself (`../x`, `/etc/x`,
+    `sub/x`, `.`, empty, not a string): never followed, by any tool."""
+    return not isinstance(file, str) or not file or "/" in file or file in (".", "..")
+
+
 def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | None]:
     """Shard file names in index order, and the index's weight_map (None without an index)."""
     index_path = model_dir / INDEX_FILE
@@ -137,9 +143,7 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelFactsError(f"{index_path}: no weight_map (tensor name -> file); {fix}")
 
-        def bad(file: object) -> bool:
-            return not isinstance(file, str) or not file or "/" in file or file in (".", "..")
-
+        bad = not_a_file_in_the_directory
         try:  # distinct files first (C speed over ~225k entries), then check those few
             files = tuple(dict.fromkeys(weight_map.values()))
         except TypeError:  # an unhashable value: found below

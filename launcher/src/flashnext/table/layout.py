@@ -23,6 +23,7 @@ from flashnext.facts.jsonfile import (
     read_json_object,
     read_limited,
 )
+from flashnext.facts.model import not_a_file_in_the_directory
 from flashnext.facts.model_derived import config_int, ple_table_shape
 from flashnext.facts.safetensors import DTYPE_BITS, SafetensorsError, read_header_json
 from flashnext.read_errors import unreadable
@@ -159,6 +160,15 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
         ):
             raise TableError(
                 f"{index}: weight_map is not an object of tensor name -> file name",
+                fix="re-download the checkpoint's model.safetensors.index.json",
+            )
+        # The rule `checkpoint check` applies: an entry outside the directory is never read.
+        ple_entries = ((n, f) for n, f in weight_map.items() if SHARD_NAME.match(n))
+        outside = next(((n, f) for n, f in ple_entries if not_a_file_in_the_directory(f)), None)
+        if outside:
+            raise TableError(
+                f"{index}: weight_map entry {outside[0]!r} names {outside[1]!r}, not a file in "
+                "the model directory; it is not followed",
                 fix="re-download the checkpoint's model.safetensors.index.json",
             )
         # Only the files that hold PLE shards are opened: their names say so.
