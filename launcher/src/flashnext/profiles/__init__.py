@@ -11,6 +11,7 @@ optional: a profile without them gets the defaults below.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import field
 from importlib import resources
@@ -258,6 +259,29 @@ def _section(cls: type, doc: Any, source: str, key: str) -> Any:
         raise ProfileError(f"{source} [{key}]: {_explain(exc, key)}") from None
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_section(env: Any, source: str) -> dict[str, str]:
+    """[env]: variable names to scalar values, as the child's environment takes them.
+    A list or table would be stringified into nonsense, a name with `=` splits the
+    variable differently in the child; both are refused, named."""
+    if not isinstance(env, dict):
+        raise ProfileError(f"{source}: [env] must be a table of NAME = value")
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ProfileError(f"{source} [env]: {name!r} is not an environment variable name "
+                               "(letters, digits and _, not starting with a digit)")  # fmt: skip
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        if not isinstance(value, str | int | float):
+            raise ProfileError(f"{source} [env]: {name} is a {type(value).__name__}, not a "
+                               "string or number; write it as one quoted string")  # fmt: skip
+        out[name] = str(value)
+    return out
+
+
 def parse_profile(text: str, source: str) -> Profile:
     """A profile TOML, every field checked against its type and bounds."""
     try:
@@ -275,7 +299,7 @@ def parse_profile(text: str, source: str) -> Profile:
             description=doc.get("description", ""),
             default=bool(doc.get("default", False)),
             auto_select=doc.get("auto_select", True),
-            env={str(k): str(v) for k, v in doc.get("env", {}).items()},
+            env=_env_section(doc.get("env", {}), source),
             **built,
         )
     except ValidationError as exc:
