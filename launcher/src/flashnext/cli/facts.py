@@ -42,6 +42,7 @@ def facts_command(
     facts = collect_host_facts(storage, [(host, port)])
     if out:
         _refuse_inputs(out, model_dir, table_path)
+        _refuse_non_utf8(facts)
         directory = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(directory):
             raise click.BadParameter(
@@ -68,3 +69,30 @@ def _refuse_inputs(out: str, model_dir: str | None, table_path: str | None) -> N
         refuse_input_paths(out, model_dir, table_path, "facts --out")
     except OutputClash as exc:
         raise FlashnextError(exc.message, exc.fix) from None
+
+
+def _refuse_non_utf8(facts) -> None:
+    """A facts file is JSON, which carries only Unicode: a path that is not valid UTF-8
+    (kept by Python as lone surrogates) would be written, then refused by --facts."""
+    import os
+
+    from flashnext.facts.schema import to_jsonable
+
+    stack = [to_jsonable(facts)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(item).decode("utf-8", "backslashreplace")
+                raise FlashnextError(
+                    f"{shown} is not valid UTF-8, which a facts file (JSON) cannot carry: "
+                    "nothing was written",
+                    "give the directory a UTF-8 name, or point --model/--table at a symlink "
+                    "with one (`ln -s OLD /models/flash-next`)",
+                ) from None
