@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from flashnext.facts.schema import FactsSchemaError, host_facts_from_doc
+from flashnext.facts.plausible import replayed_facts
+from flashnext.facts.schema import FactsSchemaError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
 BASE = json.loads(FIXTURE.read_text())
@@ -57,18 +58,33 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_impossible_facts_are_refused(case):
+def test_impossible_facts_are_refused(case, tmp_path):
     change, expected = CASES[case]
     doc = copy.deepcopy(BASE)
     change(doc)
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(doc))
     with pytest.raises(FactsSchemaError) as err:
-        host_facts_from_doc(doc, "facts.json")
+        replayed_facts(str(path))
     message = str(err.value)
-    assert message.startswith("facts.json: no host reports this: ")
+    assert message.startswith(f"{path}: no host reports this: ")
     assert expected in message
     assert message.endswith("record facts on the serving host with `flashnext facts --out FILE` "
                             "instead of editing them")  # fmt: skip
 
 
 def test_the_recorded_fixture_is_possible():
-    host_facts_from_doc(copy.deepcopy(BASE), "facts.json")
+    replayed_facts(str(FIXTURE))
+
+
+def test_plan_refuses_them_without_a_traceback(tmp_path):
+    from click.testing import CliRunner
+    from flashnext.cli import main
+
+    doc = copy.deepcopy(BASE)
+    doc["memory"]["cpu_count"] = 0
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["plan", "--facts", str(path)], catch_exceptions=False)
+    assert result.exit_code == 1
+    assert f"{path}: no host reports this: memory.cpu_count is 0" in result.output

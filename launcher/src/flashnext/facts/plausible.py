@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from itertools import combinations
 
-from flashnext.facts.schema import HostFacts
+from flashnext.facts.schema import FactsSchemaError, HostFacts, host_facts_from_file
 from flashnext.facts.storage import NETWORK_FS
 
 _COMPUTE_CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
@@ -74,6 +74,19 @@ def _storage(facts: HostFacts) -> list[str]:
         for role, s in sorted(facts.storage.items())
         if s.fs_type in NETWORK_FS and not s.network
     ]
+
+
+def replayed_facts(path: str) -> HostFacts:
+    """A facts file (--facts) whose facts a real host could have reported; else
+    FactsSchemaError naming the first contradictions and the fix."""
+    facts = host_facts_from_file(path)
+    problems = impossible(facts)
+    if problems:
+        raise FactsSchemaError(
+            f"{path}: no host reports this: {'; '.join(problems[:3])}; record facts on the "
+            "serving host with `flashnext facts --out FILE` instead of editing them"
+        )
+    return facts
 
 
 def impossible(facts: HostFacts) -> list[str]:
