@@ -231,13 +231,20 @@ def applied_patches(vllm_dir: Path | None, series: dict[str, Any]) -> dict[str, 
     if vllm_dir is None:
         return {"unavailable": "no vLLM env given (--vllm-python) or vllm not found in it"}
     stamp_path = vllm_dir / STAMP_NAME
+    from flashnext.facts.jsonfile import JsonFileError, parse_json, read_limited
+    from flashnext.facts.vllm_env import stamp_problem
+
     try:
-        stamp = json.loads(stamp_path.read_text())
+        stamp = parse_json(read_limited(stamp_path, "patch stamp", 1 << 20), str(stamp_path),
+                           "patch stamp")  # fmt: skip
     except FileNotFoundError:
         return {"dir": str(vllm_dir), "stamp": None, "note": "stock tree: no patches applied"}
-    except (OSError, ValueError) as exc:
+    except (OSError, JsonFileError) as exc:
         return {"unavailable": f"{stamp_path}: {exc}"}
-    applied = [(p.get("name"), p.get("sha256")) for p in stamp.get("patches", [])]
+    problem = stamp_problem(stamp)
+    if problem:
+        return {"unavailable": f"{stamp_path}: {problem}"}
+    applied = [(p["name"], p["sha256"]) for p in stamp["patches"]]
     expected = [(p["name"], p["sha256"]) for p in series.get("patches", [])]
     return {
         "dir": str(vllm_dir),
