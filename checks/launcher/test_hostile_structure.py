@@ -159,3 +159,42 @@ def test_a_generation_config_dir_with_a_refused_value(model, tmp_path):
     sampling = preflight(model, "--generation-config", given)["model.sampling"]
     assert sampling["level"] == "fail"
     assert sampling["message"].startswith(f"--generation-config {given}: top_p must be in (0, 1]")
+
+
+def _rename_shards_and_drop(model: Path, drop) -> None:
+    """Shards renamed off the -NNNNN-of-NNNNN pattern, then the entries `drop` picks
+    removed from the index together with every shard file that held only those."""
+    import os
+
+    index_path = model / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    files = sorted(set(index["weight_map"].values()))
+    renamed = {f: f"part-{chr(97 + i)}.safetensors" for i, f in enumerate(files)}
+    for old, new in renamed.items():
+        os.rename(model / old, model / new)
+    weight_map = {k: renamed[v] for k, v in index["weight_map"].items()}
+    kept = {k: v for k, v in weight_map.items() if not drop(k, v, weight_map)}
+    for file in set(weight_map.values()) - set(kept.values()):
+        (model / file).unlink()
+    index["weight_map"] = kept
+    index_path.write_text(json.dumps(index))
+
+
+def test_a_shard_deleted_with_its_index_entries_is_found_by_what_the_config_implies(model):
+    """Issue 39 class 5: unnumbered shards cannot be counted; the config's layers can."""
+    victim = "model.language_model.layers.2.mlp.experts.3.down_proj.weight_packed"
+    _rename_shards_and_drop(model, lambda k, v, m: v == m[victim])
+    result = invoke("checkpoint", "check", "--model", model)
+    assert result.exit_code == 1
+    assert "names no tensor of decoder layer(s) 2-3 of 4, which config.json implies" in (
+        result.output
+    )
+    assert "names no tensor of decoder layer" in preflight(model)["model.dir"]["message"]
+
+
+def test_an_expert_dropped_from_the_index_is_named(model):
+    dropped = "model.language_model.layers.1.mlp.experts.5."
+    _rename_shards_and_drop(model, lambda k, v, m: k.startswith(dropped))
+    result = invoke("checkpoint", "check", "--model", model)
+    assert result.exit_code == 1
+    assert "layer 1's routed expert(s) 5 of 8" in result.output

@@ -283,7 +283,7 @@ def _read_model_facts(root: Path) -> ModelFacts:
 
         tensors = LazyTensors(count, reread)
     else:
-        files, shards, tensors, classes = _read_shards(root, index)
+        files, shards, tensors, classes = _read_shards(root, index, config)
 
     return ModelFacts(
         path=str(root),
@@ -297,11 +297,31 @@ def _read_model_facts(root: Path) -> ModelFacts:
     )
 
 
+def _check_implied_tensors(root: Path, config: dict[str, Any], weight_map: dict) -> None:
+    """The index must name every tensor the config implies, whatever the shards are
+    called: a shard deleted with its index entries leaves a consistent index."""
+    from flashnext.facts.implied import missing_tensors
+    from flashnext.facts.model_derived import ConfigValueError
+
+    try:
+        missing = missing_tensors(config, weight_map)
+    except ConfigValueError:
+        return  # the config's own error is named where the plan reads it
+    if missing:
+        raise ModelFactsError(
+            f"{root / INDEX_FILE}: names no tensor of {'; '.join(missing)}, which "
+            f"{CONFIG_FILE} implies: a shard is missing together with its index entries; "
+            "download the checkpoint again (its index and every shard)"
+        )
+
+
 def _read_shards(
-    root: Path, index: Path | None
+    root: Path, index: Path | None, config: dict[str, Any]
 ) -> tuple[tuple[str, ...], tuple[ShardInfo, ...], LazyTensors, dict[str, int]]:
     """Every header read and checked (and the index against them); the result cached."""
     files, weight_map = _shard_files(root)
+    if weight_map is not None:
+        _check_implied_tensors(root, config, weight_map)
     for file in files:
         if not (root / file).is_file():
             why = not_a_file(root / file)  # a link loop or a FIFO is no missing download
