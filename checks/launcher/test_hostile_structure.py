@@ -198,3 +198,30 @@ def test_an_expert_dropped_from_the_index_is_named(model):
     result = invoke("checkpoint", "check", "--model", model)
     assert result.exit_code == 1
     assert "layer 1's routed expert(s) 5 of 8" in result.output
+
+
+@pytest.mark.parametrize("dtype", [["BF16"], {"BF16": 1}])
+def test_a_safetensors_dtype_that_is_no_name(model, dtype):
+    import struct
+
+    shard = sorted(model.glob("*.safetensors"))[0]
+    raw = shard.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    key = next(k for k in header if k != "__metadata__")
+    header[key]["dtype"] = dtype
+    packed = json.dumps(header, separators=(",", ":")).encode()
+    assert len(packed) <= length  # same frame: padded with spaces, as writers do
+    shard.write_bytes(raw[:8] + packed.ljust(length) + raw[8 + length :])
+    result = invoke("checkpoint", "check", "--model", model)
+    assert result.exit_code == 1
+    assert f"tensor {key!r} has unknown dtype {dtype!r}" in result.output
+
+
+def test_a_model_path_that_is_a_symlink_loop_is_named_so(tmp_path):
+    loop = tmp_path / "model"
+    loop.symlink_to(loop.name)
+    result = invoke("checkpoint", "check", "--model", loop)
+    assert result.exit_code == 1
+    assert f"{loop}: a symlink loop (it never reaches a file)" in result.output
+    assert "no such directory" not in result.output

@@ -235,6 +235,9 @@ def read_model_facts(model_dir: str | os.PathLike[str]) -> ModelFacts:
 
 def _read_model_facts(root: Path) -> ModelFacts:
     if not root.exists():
+        broken = not_a_file(root)  # a symlink loop or a link to nothing: say which
+        if broken:
+            raise ModelFactsError(f"{broken}; point --model at the checkpoint directory")
         raise ModelFactsError(f"{root}: no such directory", missing_dir=True)
     if not root.is_dir():
         raise ModelFactsError(

@@ -300,7 +300,7 @@ def _tensor_entry(where: str, file: str, key: str, entry: Any, data_start: int) 
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or dict is unhashable
         raise SafetensorsError(
             f"{where}: tensor {key!r} has unknown dtype {dtype!r} "
             f"(known: {', '.join(sorted(DTYPE_BITS))})"
