@@ -2,9 +2,10 @@
 but for reading the files the steps wrote; stdlib only).
 
 The JSON: ok, seconds, profile, pp_size, emulated, devices (GPUs that really
-serve), replayed_facts, emulation, mtp, and the serve block of issue 24's
-results contract ({"health", "smoke", "bench_c1_tok_s", "bench_c4_tok_s",
-"clean_stop"}), then every step (verdict, seconds, detail).
+serve), card (which card ran, as the facts preflight judged have it: a call for
+the H200 may get an H100), replayed_facts, emulation, mtp, and the serve block
+of issue 24's results contract ({"health", "smoke", "bench_c1_tok_s",
+"bench_c4_tok_s", "clean_stop"}), then every step (verdict, seconds, detail).
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def gpus_in(facts_path: str) -> int | None:
         return None
 
 
+def card_in(preflight_path: Path, facts: Facts) -> dict[str, Any] | None:
+    """GPU 0 of the facts preflight judged (None: preflight wrote none)."""
+    try:
+        device = _json_file(preflight_path)["facts"]["gpu"]["devices"][0]
+        name, total = device["name"], device["memory_total_bytes"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    where = facts.replay_from or "probed on this host by preflight"
+    return {"name": name, "memory_total_bytes": total, "source": f"preflight.json's facts: {where}"}
+
+
 def decode_tok_s(bench: dict[str, Any] | None, concurrency: int) -> float | None:
     """The bench's median aggregate decode rate at `concurrency`, None when it has none."""
     for d in (bench or {}).get("summary", {}).get("decode", []):
@@ -70,12 +82,14 @@ def decode_tok_s(bench: dict[str, Any] | None, concurrency: int) -> float | None
     return None
 
 
-def document(facts: Facts, steps: list[Step], failed: bool, seconds: int, bench_path: Path):
+def document(facts: Facts, steps: list[Step], failed: bool, seconds: int, out: Path):
+    """The results JSON from the steps and the files they wrote in `out`."""
     verdicts = {s.step: s.verdict for s in steps}
     bench = None
     if verdicts.get("bench") in ("ok", "FAILED"):  # written by this run
         with contextlib.suppress(OSError, ValueError):
-            bench = _json_file(bench_path)
+            bench = _json_file(out / "bench.json")
+    ran = verdicts.get("preflight") in ("ok", "FAILED")  # written by this run
     spec = (bench or {}).get("spec_decode")
     return {
         "ok": not failed,
@@ -85,6 +99,7 @@ def document(facts: Facts, steps: list[Step], failed: bool, seconds: int, bench_
         "emulated": facts.emulated,
         # GPUs that really serve: the host's one under the emulation, else the profile's
         "devices": facts.host_gpus if facts.emulated else facts.gpu_count,
+        "card": card_in(out / "preflight.json", facts) if ran else None,
         "replayed_facts": {
             "file": facts.replay,
             "from": facts.replay_from,

@@ -683,9 +683,7 @@ class Run:
 
     def finish(self) -> None:
         seconds = self.clock()
-        doc = summary.document(
-            self.facts, self.steps, self.failed, seconds, self.out / "bench.json"
-        )
+        doc = summary.document(self.facts, self.steps, self.failed, seconds, self.out)
         summary.write(self.out / "serve-tiny.json", doc)
         print(f"\n{summary.table(self.steps)}", flush=True)
         verdict = "FAILED" if self.failed else "PASSED"

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,24 +81,40 @@ def test_plan_line_reads_the_pipeline_and_mtp_from_the_argv():
 
 
 def test_the_result_reads_the_bench_only_when_this_run_wrote_it(tmp_path):
-    bench = write(tmp_path, "bench.json", bench_doc(decode(1, 2.0), decode(4, 8.0)))
+    write(tmp_path, "bench.json", bench_doc(decode(1, 2.0), decode(4, 8.0)))
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20}
+    write(tmp_path, "preflight.json", {"facts": {"gpu": {"devices": [h100]}}})
     facts = Facts(profile="h200-tiny", emulated=False, mtp_k=0, pp_size=1, gpu_count=1)
-    steps = [Step("bench", "ok", 1, ""), Step("stop", "ok", 1, ""),
+    steps = [Step("preflight", "ok", 1, ""), Step("bench", "ok", 1, ""), Step("stop", "ok", 1, ""),
              Step("processes", "ok", 1, ""), Step("gpu", "skipped", 0, "")]  # fmt: skip
-    doc = document(facts, steps, failed=False, seconds=3, bench_path=bench)
+    doc = document(facts, steps, failed=False, seconds=3, out=tmp_path)
     assert doc["serve"] == {"health": False, "smoke": False, "bench_c1_tok_s": 2.0,
                             "bench_c4_tok_s": 8.0, "clean_stop": True}  # fmt: skip
     assert doc["devices"] == 1
+    assert doc["card"] == h100 | {
+        "source": "preflight.json's facts: probed on this host by preflight"
+    }
     assert doc["replayed_facts"] is doc["emulation"] is doc["mtp"] is None
-    skipped = [Step("bench", "skipped", 0, "no server"), *steps[1:3], Step("gpu", "FAILED", 0, "")]
-    doc = document(facts, skipped, failed=True, seconds=3, bench_path=bench)
+    skipped = [Step("bench", "skipped", 0, "no server"), *steps[2:4], Step("gpu", "FAILED", 0, "")]
+    doc = document(facts, skipped, failed=True, seconds=3, out=tmp_path)
+    assert doc["card"] is None  # no preflight in this run: its file is not this run's
     assert doc["serve"]["bench_c1_tok_s"] is None and doc["serve"]["clean_stop"] is False
+
+
+def execed(pid: int, argv0: bytes, within_s: float = 10.0) -> None:
+    """Wait until `pid` runs its own program: before exec, /proc shows the parent's
+    argv and environment."""
+    deadline = time.monotonic() + within_s
+    while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(argv0):
+        assert time.monotonic() < deadline, f"{pid} never ran {argv0!r}"
+        time.sleep(0.01)
 
 
 def test_a_process_titled_like_the_engine_is_left_and_named():
     prefix = f"TESTST{os.getpid()}::"
     decoy = subprocess.Popen([f"{prefix}EngineCore_DP0", "60"], executable="sleep")
     try:
+        execed(decoy.pid, prefix.encode())
         found = leftovers(None, "1", prefix, [])
         assert found == [f"{decoy.pid} (titled {prefix}): {prefix}EngineCore_DP0 60"]
         assert leftovers(None, "1", prefix, [decoy.pid])[0].startswith(
@@ -113,6 +130,7 @@ def test_the_shim_env_is_read_back_from_the_process():
     env = {"FLASHNEXT_PP_ONE_GPU": "1", "PYTHONPATH": "/shim:/other"}
     proc = subprocess.Popen(["sleep", "60"], env=env)
     try:
+        execed(proc.pid, b"sleep")
         assert env_differences(proc.pid, ["FLASHNEXT_PP_ONE_GPU=1", "PYTHONPATH=/shim:/x"]) == (
             True,
             "",
