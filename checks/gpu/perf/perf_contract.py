@@ -444,7 +444,22 @@ def main(args) -> int:
         raws[path.stem.removeprefix(f"pp3_perf_raw-{args.run_id}-")] = json.loads(path.read_text())
     calibration_path = args.calibration or args.raw / "shared_gpu_calibration.json"
     calibration = json.loads(calibration_path.read_text()) if calibration_path.exists() else None
-    doc = build(args.run_id, inputs, raws, json.loads(args.bandwidth.read_text()), calibration)
+    bandwidth = json.loads(args.bandwidth.read_text())
+    # The projection scales by the read bandwidth of the card that ran: an H200 call
+    # may get an H100, whose runs need that card's own measurement.
+    cards = {json.dumps(r.get("card"), sort_keys=True) for r in raws.values() if r.get("card")}
+    names = sorted({json.loads(c)["name"] for c in cards} - {None})
+    if names and names != [bandwidth.get("device")]:
+        print(
+            f"pp3_perf contract: the runs ran on {' and '.join(names)}, {args.bandwidth} was "
+            f"measured on {bandwidth.get('device')}: measure the same card (python3 "
+            "checks/gpu/perf/hbm_bandwidth.py --out FILE, in the same call) and pass it "
+            "with --bandwidth",
+            file=sys.stderr,
+        )
+        return 2
+    doc = build(args.run_id, inputs, raws, bandwidth, calibration)
+    doc["cards"] = [json.loads(c) for c in sorted(cards)]  # which card ran (each engine's)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dest = args.out_dir / f"pp3_perf-{args.run_id}.json"
     dest.write_text(json.dumps(doc, indent=1) + "\n")

@@ -46,6 +46,8 @@ sys.path.insert(0, str(HERE.parent / "pp3"))
 sys.path.insert(0, str(HERE.parent / "rank_fit"))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+from card import card as card_now  # noqa: E402
+from card import refusal  # noqa: E402
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
 from own_session import run_in_own_session  # noqa: E402
 from plan_settings import flag_value, mtp_compilation, plan_env  # noqa: E402
@@ -366,7 +368,7 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
         stop_ballast(ballast)
     record = json.loads(out_path.read_text()) if out_path.exists() else {"ok": False}
     record |= {"exit": code, "wall_s": round(time.monotonic() - started, 1), "ballast": held,
-               "spec": spec,
+               "card": args.card, "spec": spec,
                "log_tail": log_path.read_text(errors="replace").splitlines()[-80:]}  # fmt: skip
     dest = args.out / f"pp3_perf_raw-{args.run_id}-{spec['engine']}.json"
     dest.write_text(json.dumps(record, indent=1) + "\n")
@@ -378,6 +380,14 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
 def run(args) -> int:
     args.inputs = json.loads((args.work / "inputs.json").read_text())
     specs = [spec_for(e, args.inputs) for e in engines_named(args.only)]
+    args.card = card_now()  # which card ran: an H200 call may get an H100
+    # The one card must hold three 3090s' free memory beside the ballast (ballast_free):
+    # 3 x 25,390,219,264 B = 70.9 GiB, which an idle H200 (140.4 GiB) or H100 (79.6
+    # GiB) has; a card that has less is refused here, by name, not by the ballast.
+    why = refusal(args.card, ballast_free(args.inputs), "pp3_perf (three 3090 ranks)")
+    if why and not args.dry_run:
+        print(f"pp3_perf: {why}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for spec in specs:
             print(json.dumps({"engine": spec["engine"], "argv": ["vllm", "serve", *spec["argv"]],

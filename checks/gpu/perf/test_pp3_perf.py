@@ -853,3 +853,35 @@ def test_memory_sampler_keeps_each_kinds_peak_per_phase(monkeypatch):
         "reserved": 2,
         "allocated": 1,
     }
+
+
+def test_the_contract_takes_the_bandwidth_of_the_card_that_ran(tmp_path, capsys):
+    """A call for the H200 may get an H100: its runs are projected only by that
+    card's own measured bandwidth; p1's raw file with each card's record (card.py)."""
+    raw = json.loads(P1_RAW.read_text())
+    h200 = {"name": "NVIDIA H200", "memory_total_bytes": 143771 << 20}
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20}
+    out = tmp_path / "out"
+    for card, code in ((h100, 2), (h200, 0)):
+        raws = tmp_path / card["name"].replace(" ", "_")
+        raws.mkdir()
+        (raws / "pp3_perf_raw-p1-offload.json").write_text(json.dumps(raw | {"card": card}))
+        argv = ["contract", "p1", "--inputs", str(P1_INPUTS), "--raw", str(raws),
+                "--out-dir", str(out), "--bandwidth", str(BANDWIDTH)]  # fmt: skip
+        assert pp3_perf.main(argv) == code
+    assert (
+        "the runs ran on NVIDIA H100 80GB HBM3, " + str(BANDWIDTH) + " was measured on NVIDIA H200"
+    ) in capsys.readouterr().err
+    assert json.loads((out / "pp3_perf-p1.json").read_text())["cards"] == [h200]
+
+
+def test_run_refuses_a_card_without_three_3090s_of_free_memory(work, monkeypatch, capsys):
+    busy = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20,
+            "memory_free_bytes": 40000 << 20}  # fmt: skip
+    monkeypatch.setattr(pp3_perf, "card_now", lambda: busy)
+    argv = ["run", "t", "--work", str(work), "--out", str(work / "o"), "--raw", str(work / "r"),
+            "--only", "offload"]  # fmt: skip
+    assert pp3_perf.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "pp3_perf: pp3_perf (three 3090 ranks) needs 70.9 GiB free on one card" in err
+    assert not (work / "r").exists()  # refused before anything ran

@@ -44,6 +44,20 @@ Positive = Annotated[StrictInt, Field(ge=1)]
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
+class OtherCard:
+    """A card the profile's settings hold on as they are, with its own figures."""
+
+    name: StrictStr
+    """Substring of NVML's device name, case-insensitive."""
+    memory_bytes: Positive
+    """Nominal memory of one card, as GpuSpec.memory_bytes (the card's own NVML total)."""
+    bandwidth_bytes_per_s: Positive
+    """Peak memory bandwidth of one card, for the decode roofline on this card."""
+    source: StrictStr
+    """Where the figures were read (a recording, a datasheet)."""
+
+
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class GpuSpec:
     name: StrictStr
     """Substring of NVML's device name, case-insensitive."""
@@ -60,9 +74,25 @@ class GpuSpec:
     """One card's host link (PCIe) bandwidth, for reads of pinned host memory by the
     GPU: the MTP drafter's routed experts (plan/mtp_projection.py). A figure with its
     source, never a guess; None: not known, and MTP's gain is not projected."""
+    other_cards: tuple[OtherCard, ...] = ()
+    """Other cards the profile runs on unchanged (a test profile whose lent host may
+    be either of two kinds); each is held to the same minimums (min_memory_bytes,
+    compute capability, link). Empty: `name` only."""
+
+    @property
+    def label(self) -> str:
+        """The cards as people read them: "H200" or "H200 or H100"."""
+        return " or ".join([self.name, *(c.name for c in self.other_cards)])
 
     def matches(self, device: GpuDevice) -> bool:
-        return self.name.lower() in device.name.lower()
+        return self.card(device) is not None
+
+    def card(self, device: GpuDevice) -> OtherCard | GpuSpec | None:
+        """Which of the profile's cards `device` is: this spec, an other card, or None."""
+        name = device.name.lower()
+        if self.name.lower() in name:
+            return self
+        return next((c for c in self.other_cards if c.name.lower() in name), None)
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
