@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perf_cases import CUT
 from projection import (
     Links,
     MeasuredStep,
@@ -299,9 +300,7 @@ def mtp_rows(
 
 def cut_of(raws: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Issue 27 item 4: decode tok/s at c=4 before and after the cut
-    (pp3_perf.CUT: its two engines, run in the same run)."""
-    from pp3_perf import CUT
-
+    (perf_cases.CUT: its two engines, run in the same run)."""
     before, after, what = CUT
 
     def c4(name: str) -> float | None:

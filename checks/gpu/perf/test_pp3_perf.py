@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+import perf_cases  # noqa: E402
 import perf_contract  # noqa: E402
 import perf_engine  # noqa: E402
 import plan_settings  # noqa: E402
@@ -210,7 +211,7 @@ def test_the_cuts_before_is_k1s_argv_with_the_profiles_capture_sizes_alone(input
     assert sizes == [[1, 2, 4], [1, 2, 4, 8]]
     assert before["overrides"]["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4]
     assert (before["mtp_k"], before["mode"]) == (1, "offload")
-    assert pp3_perf.CUT[:2] == ("mtp1-before", "mtp1")
+    assert perf_cases.CUT[:2] == ("mtp1-before", "mtp1")
 
 
 # vLLM 0.33.0's own `vllm serve` parser and config builder on each engine's argv, as
@@ -785,7 +786,7 @@ def test_contract_cut_is_c4_decode_before_and_after_in_the_same_run(inputs):
     raws = {name: _fake_raw(inputs, name, mtp_k=1) for name in ("mtp1-before", "mtp1")}
     raws["mtp1-before"]["cases"][1]["decode_tok_s"] = 20.0  # made up: c=4 eager
     cut = perf_contract.build("test", inputs, raws, bandwidth)["cut"]
-    assert (cut["before"], cut["after"]) == (20.0, 30.0) and cut["what"] == pp3_perf.CUT[2]
+    assert (cut["before"], cut["after"]) == (20.0, 30.0) and cut["what"] == perf_cases.CUT[2]
     alone = perf_contract.build("test", inputs, {"mtp1": raws["mtp1"]}, bandwidth)
     assert alone["cut"]["before"] is None and "cut.before" in alone["missing"]
     nothing = perf_contract.build("test", inputs, {}, bandwidth)["cut"]
