@@ -383,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--bandwidth", type=Path,
                    default=HERE.parent / "results" / "hbm_bandwidth-h200-b1.json")  # fmt: skip
     c.add_argument(
+        "--model",
+        type=Path,
+        help="the skeleton prepare made (WORK/model): bytes_per_token's terms from its "
+        "headers, for inputs whose plan predates decode.terms (p1, p2)",
+    )
+    c.add_argument(
         "--calibration",
         type=Path,
         help="shared_gpu_calibration.json (default: RAW/shared_gpu_calibration.json)",
