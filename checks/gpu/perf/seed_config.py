@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projection import RULE, RULES, Links, MeasuredStep, project_3090
+from projection import RULE, RULES, Links, MeasuredStep, project_3090, project_step_ms
 
 # shared/SPEC.md "Headline results", seed section 5.6: measured on 3x3090.
 FIELD_REPORT_C1 = 80.0
@@ -69,6 +69,8 @@ def seed_config(
         "within_15pct": by_rule[RULE]["within_15pct"],
         "rule": RULE,
         "by_rule": by_rule,
+        # Where a miss comes from: each rank's c=1 step by term under the contract's rule.
+        "c1_ranks": [project_step_ms(s, links) for s in c1] if c1 else None,
         "c4_over_c1": {
             "h200_emulation": h4 / h1 if h1 and h4 else None,
             "field_report": [c / FIELD_REPORT_C1 for c in FIELD_REPORT_C4],

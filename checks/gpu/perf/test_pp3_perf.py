@@ -887,6 +887,9 @@ def test_seed_config_projects_every_rule_and_names_the_one_that_misses():
     assert seed["c1_tok_s"] == pytest.approx(1000 / 14.25)
     assert seed["c4_tok_s"] == pytest.approx(4000 / 28.5)
     assert seed["within_15pct"] is True
+    assert seed["c1_ranks"][0] == {"gpu_ms": pytest.approx(4.75), "streaming_ms": 1.0,
+                                   "carried_ms": 3.75, "cpu_ms": 0.0,
+                                   "step_ms": pytest.approx(4.75)}  # fmt: skip
     bandwidth = seed["by_rule"]["bandwidth"]
     assert bandwidth["c1_tok_s"] == pytest.approx(1000 / 48) and bandwidth["within_15pct"] is False
     assert seed["c4_over_c1"] == {"h200_emulation": pytest.approx(1.9),
