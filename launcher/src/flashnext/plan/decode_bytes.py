@@ -21,7 +21,7 @@ from typing import Any
 from flashnext.facts.model_derived import config_int, ple_ngram_heads, ple_table_shape
 from flashnext.plan.placement import place_tensor
 
-_NUMBER = re.compile(r"\.\d+\.")
+_NUMBER = re.compile(r"\.\d+(?=\.)")
 _SHARD = re.compile(r"shard_\d+")
 
 # name: (counted in the roofline, where the tensors are, why)
@@ -54,9 +54,7 @@ class DecodeTerm:
 
 def fold(name: str) -> str:
     """A tensor class with its numbers folded (`layers.*.mlp.experts.*.down_proj...`)."""
-    while (folded := _NUMBER.sub(".*.", name)) != name:
-        name = folded
-    return _SHARD.sub("shard_*", name)
+    return _SHARD.sub("shard_*", _NUMBER.sub(".*", name))
 
 
 def term_of(name: str, ple_table_names: frozenset[str]) -> str:
