@@ -770,6 +770,12 @@ def test_contract_has_exactly_the_issues_fields(inputs):
         row["hbm_bytes_per_step"] / 8e-3 / bandwidth["results"]["read"]["bytes_per_s"]
     )
     assert doc["projection_3090"]["c1_tok_s"] > 0
+    # The seed check is the offload engine's own projection, judged (made-up steps).
+    seed = doc["projection_3090"]["seed_config"]
+    assert seed["c1_tok_s"] == doc["projection_3090"]["c1_tok_s"]
+    assert seed["c4_tok_s"] == doc["projection_3090"]["c4_tok_s"]
+    assert isinstance(seed["within_15pct"], bool)
+    assert set(seed["by_rule"]) == {"streaming", "bandwidth"}
     # MTP did not run: its projection is null and listed; so is the cut.
     assert doc["projection_3090"]["mtp1_c1_tok_s"] is None
     assert {"projection_3090.mtp1_c1_tok_s", "cut.what", "cut.before", "cut.after"} <= set(
