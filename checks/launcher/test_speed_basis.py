@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_bench import rec  # noqa: E402
 
 # A made-up contract's projection (not a result): its figures only feed the arithmetic.
-MADE_UP_CONTRACT = {"projection_3090": {"c1_tok_s": 50.0, "c4_tok_s": 100.0}}
+MADE_UP_CONTRACT = {
+    "projection_3090": {"c1_tok_s": 50.0, "c4_tok_s": 100.0, "seed_config": {"within_15pct": True}}
+}
 
 
 def test_every_basis_is_its_results_files_projection():
@@ -27,6 +29,13 @@ def test_every_basis_is_its_results_files_projection():
         doc = json.loads((REPO / basis.run).read_text())
         assert basis == speed_basis.from_contract(profile, basis.run, basis.date, doc)
         assert basis.date[:4].isdigit() and basis.what == speed_basis.EMULATION
+
+
+def test_a_projection_that_misses_the_field_report_gives_no_basis():
+    for seed in ({"within_15pct": False}, {"within_15pct": None}, None):
+        doc = {"projection_3090": {"c1_tok_s": 50.0, "c4_tok_s": 100.0, "seed_config": seed}}
+        with pytest.raises(ValueError, match="does not reproduce the field report"):
+            speed_basis.from_contract("3x3090", "r.json", "2026-12-07", doc)
 
 
 def test_no_basis_says_so():

@@ -7,8 +7,11 @@ not a 3090 measurement, and says so). A profile without an entry has "no
 measured basis yet": `plan` says that instead of a speed, and `bench` compares
 its measurement with nothing but the roofline and the field report.
 
-An entry is made from a results contract by `from_contract`, never typed in:
-checks/launcher/test_speed_basis.py holds every entry to its file.
+An entry's figures are a results contract's, as `from_contract` reads them
+(the package cannot read checks/ at run time, so they are written out here):
+checks/launcher/test_speed_basis.py holds every entry to its file, so a figure
+no run produced fails. A contract whose projection does not reproduce the
+field report (`seed_config.within_15pct` not true) gives no basis.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def from_contract(profile: str, run: str, date: str, doc: dict[str, Any]) -> Spe
     """A basis from a pp3_perf-RUN.json contract's `projection_3090` (its TTFT only
     where the projection has one: a TTFT measured on the H200 is not a 3090's)."""
     p = doc["projection_3090"]
+    if (p.get("seed_config") or {}).get("within_15pct") is not True:
+        raise ValueError(
+            f"{run}: its projection does not reproduce the field report within 15% "
+            "(projection_3090.seed_config.within_15pct): fix the rule first (issue 40 item 2)"
+        )
     return SpeedBasis(profile, run, date, EMULATION, p.get("c1_tok_s"), p.get("c4_tok_s"),
                       p.get("ttft_s"), p.get("ttft_prompt_tokens"))  # fmt: skip
 
