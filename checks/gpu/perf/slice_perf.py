@@ -201,7 +201,17 @@ def handoff(rows: list[int], hidden: int, world: int, backend: str, iters: int,
              for r in range(world)]  # fmt: skip
     for p in procs:
         p.start()
-    result = queue.get(timeout=300)
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=5)
+        except Exception:  # noqa: BLE001 - queue.Empty: no result yet
+            if not any(p.is_alive() for p in procs):
+                codes = [p.exitcode for p in procs]
+                raise SystemExit(
+                    f"slice_perf handoff: every process ended, none with a "
+                    f"result (exit codes {codes}); their errors are above"
+                ) from None
     for p in procs:
         p.join(timeout=60)
     transport = ("NCCL over loopback sockets, every process on GPU 0 (NCCL_HOSTID per rank): "
@@ -310,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         return run(args)
     if args.cmd == "handoff":
+        if args.world < 2 or min(args.rows, default=0) < 1 or args.iters < 1:
+            p.error("handoff needs --world 2 or more (a sender and a receiver), --rows and "
+                    "--iters of 1 or more")  # fmt: skip
         doc = handoff(args.rows, args.hidden, args.world, args.backend, args.iters)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")

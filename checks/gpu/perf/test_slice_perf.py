@@ -83,6 +83,12 @@ def test_handoff_times_a_send_and_the_broadcast_between_processes(tmp_path):
         assert row["send_ms"] > 0 and row["broadcast_ms"] > 0
 
 
+def test_handoff_refuses_a_world_without_a_receiver(tmp_path):
+    proc = _run("handoff", "--out", str(tmp_path / "h.json"), "--world", "1")
+    assert proc.returncode == 2 and "--world 2 or more" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "h.json").exists()
+
+
 def _made_up_slice(span_ms: float, sampler_us: float, rows: int) -> dict:
     """A slice engine's raw record, made up for the test (not a result)."""
     window = {"rank": 0, "decode_rows": [rows], "execute_gpu_span_ms": span_ms,
