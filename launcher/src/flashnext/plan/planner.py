@@ -30,6 +30,7 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
+from flashnext.plan.decode_bytes import DecodeTerm, decode_terms
 from flashnext.plan.mtp import (
     MtpFit,
     MtpNeeds,
@@ -113,6 +114,9 @@ class DecodeRoofline:
     experts_per_token: int
     num_experts: int
     bandwidth_bytes_per_s: int
+    terms: tuple[DecodeTerm, ...] = ()
+    """Every tensor of the checkpoint by what a token reads of it (plan/decode_bytes.py):
+    the counted terms are the two above; the others say why they are left out."""
 
     @property
     def bytes_per_token(self) -> int:
@@ -407,6 +411,7 @@ def _plan(
         experts_per_token=config_int(text, "num_experts_per_tok", 0, minimum=0),
         num_experts=config_int(text, "num_experts", 0, minimum=0),
         bandwidth_bytes_per_s=_bandwidth(facts, profile),
+        terms=decode_terms(model.tensor_bytes_by_class(), text, frozenset(ple_shard_names(text))),
     )
     budget = _Budget(text, ranges, profile, options, vram_total, usable, fixed, max_len.value)
     sized = _size(budget, None)

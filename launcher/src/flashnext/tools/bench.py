@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from flashnext.atomic import write_text_atomic
+from flashnext.plan import speed_basis
 
 BENCH_SCHEMA_VERSION = 1
 
@@ -520,6 +521,7 @@ def build_result(
         "summary": summary,
         "spec_decode": spec_decode,
         "comparison": comparison if not rejected else [],
+        "projection": speed_basis.bench_comparison(summary, env_fingerprint.get("plan")),
         "reference": REFERENCE,
     }
 
