@@ -70,3 +70,20 @@ def _vllm_env_is_the_stand_in(patched_vllm_env, monkeypatch):
     the real pinned env (checks/run's FLASHNEXT_VLLM_ENV) is vllm_env_fixtures.REAL_VLLM_ENV."""
     monkeypatch.setenv("FLASHNEXT_VLLM_ENV", str(patched_vllm_env))
     monkeypatch.delenv("FLASHNEXT_PROG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def fixed_tiny(tmp_path_factory):
+    """The tiny skeleton with fixed metadata, written once; tests damage copies of it."""
+    path = tmp_path_factory.mktemp("tiny-fixed") / "fixed"
+    write_skeleton(path, "tiny", fixed_metadata=True)
+    return path
+
+
+@pytest.fixture
+def tiny_copy(fixed_tiny, tmp_path):
+    """A private copy of the tiny skeleton (fixed metadata) to damage."""
+    import shutil
+
+    shutil.copytree(fixed_tiny, tmp_path / "m")
+    return tmp_path / "m"

@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from flashnext.skeleton import write_skeleton
 
 DEADLINE_S = 60
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = '{"vocab_size": ' + "9" * 10_000 + "}"
 
 
-@pytest.fixture(scope="module")
-def fixed_tiny(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("bounded") / "fixed"
-    write_skeleton(path, "tiny", fixed_metadata=True)
-    return path
-
-
 @pytest.fixture
-def model(fixed_tiny: Path, tmp_path: Path) -> Path:
-    shutil.copytree(fixed_tiny, tmp_path / "m")
-    return tmp_path / "m"
+def model(tiny_copy: Path) -> Path:
+    return tiny_copy
 
 
 def flashnext(*args: object) -> subprocess.CompletedProcess:

@@ -10,13 +10,11 @@ escaping a command fails the test itself.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from flashnext.cli import main
-from flashnext.skeleton import write_skeleton
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
 
@@ -25,17 +23,9 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def fixed_tiny(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("structure") / "fixed"
-    write_skeleton(path, "tiny", fixed_metadata=True)
-    return path
-
-
 @pytest.fixture
-def model(fixed_tiny: Path, tmp_path: Path) -> Path:
-    shutil.copytree(fixed_tiny, tmp_path / "m")
-    return tmp_path / "m"
+def model(tiny_copy: Path) -> Path:
+    return tiny_copy
 
 
 def edit(model: Path, name: str, change) -> None:

@@ -37,6 +37,11 @@ def missing_tensors(config: dict[str, Any], names: Iterable[str]) -> list[str]:
                 seen_experts[int(m[1])].add(int(m[2]))
     missing = []
     gone = [i for i in range(layers) if i not in seen_layers]
+    if gone and min(gone) > max(seen_layers, default=-1) and not _layer_count_confirmed(text):
+        # Only the last layers are absent and nothing else in config.json says there are
+        # num_hidden_layers of them: the count may be what is wrong, which the plan names
+        # ("set num_hidden_layers to N"); a shard is blamed only on firmer ground.
+        gone = []
     if gone:
         missing.append(f"decoder layer(s) {_ranges(gone)} of {layers}")
     for i in sorted(seen_layers & set(range(layers))):
@@ -57,6 +62,12 @@ def missing_tensors(config: dict[str, Any], names: Iterable[str]) -> list[str]:
     if type(mtp) is int and mtp > 0 and not any(n.startswith("mtp.") for n in present):
         missing.append("the MTP layer (mtp_num_hidden_layers is set)")
     return missing
+
+
+def _layer_count_confirmed(text: dict[str, Any]) -> bool:
+    """Whether config.json says the layer count twice: `layer_types` has one entry a layer."""
+    types = text.get("layer_types")
+    return isinstance(types, list) and len(types) == text.get("num_hidden_layers")
 
 
 def _ranges(values: list[int]) -> str:
