@@ -31,18 +31,10 @@ def findings(result) -> dict[str, dict]:
     return {f["id"]: f for f in json.loads(result.stdout)["findings"]}
 
 
-@pytest.fixture(scope="module")
-def fixed_tiny(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("hostile") / "fixed"
-    write_skeleton(path, "tiny", fixed_metadata=True)
-    return path
-
-
 @pytest.fixture
-def model(fixed_tiny: Path, tmp_path: Path) -> Path:
+def model(tiny_copy: Path) -> Path:
     """A private copy of the tiny skeleton (fixed metadata) to damage."""
-    shutil.copytree(fixed_tiny, tmp_path / "m")
-    return tmp_path / "m"
+    return tiny_copy
 
 
 def edit_text_config(model: Path, **changes) -> Path:

@@ -55,7 +55,10 @@ def missing_tensors(config: dict[str, Any], names: Iterable[str]) -> list[str]:
                                           or text.get("tie_word_embeddings"))  # fmt: skip
         if not tied and not any(n.startswith(prefix) for n in present):
             missing.append(what)
-    shards = [n for n in ple_shard_names(text) if n not in present]
+    # PLE layers the config places beyond its own layer count are the config's error,
+    # which the plan names; only shards of real layers are looked for here.
+    shards = [n for n in ple_shard_names(text)
+              if n not in present and int(_LAYER.match(n)[1]) < layers]  # fmt: skip
     if shards:
         missing.append(f"{len(shards)} PLE table shard(s) ({shards[0]}, ...)")
     mtp = text.get("mtp_num_hidden_layers")
