@@ -215,7 +215,7 @@ def test_http_errors_are_rejected(server):
     (r,) = bench.run_bench(cfg)
     assert r.rejection() == (
         'HTTP 500: {"error": {"message": "stand-in told to fail completions", '
-        '"type": "InternalServerError", "code": 500}}'
+        '"type": "InternalServerError", "param": null, "code": 500}}'
     )
 
 
