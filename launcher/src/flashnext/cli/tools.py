@@ -14,6 +14,10 @@ from flashnext.units import gib
 MAX_CONCURRENCY = 1024
 MAX_PROMPT_TOKENS = 1 << 24  # a prompt's ids are built in memory: 16M tokens, ~0.5 GB
 MAX_RUNS = 1000
+# A batch's prompts are held in memory at once (~40 B per token id as a Python list and
+# its JSON): their product is bounded, 8M tokens (~350 MB), 32 full 262144-token contexts.
+MAX_BATCH_PROMPT_TOKENS = 1 << 23
+DEADLINE_S = 3600.0
 
 
 def _csv_ints(most: int):
@@ -161,6 +165,15 @@ def _writable_dir(path: str | None) -> None:
     help="Prompt token ids are drawn from [LO, HI): inside the model's vocabulary, clear "
     "of its special tokens.",
 )
+@click.option(
+    "--deadline",
+    "deadline_s",
+    default=DEADLINE_S,
+    show_default=True,
+    type=click.FloatRange(1.0, 7 * 24 * 3600.0),
+    help="Seconds the whole bench may take: a request still open then is rejected, "
+    "whatever the server keeps sending, and the phases left are not run.",
+)
 @options("facts_file")
 @click.option(
     "--plan",
@@ -186,6 +199,7 @@ def bench(
     warmup: int,
     runs: int,
     token_id_range: tuple[int, int],
+    deadline_s: float,
     facts_file: str | None,
     plan_file: str | None,
     out_dir: str | None,
@@ -209,6 +223,13 @@ def bench(
 
     # Every input is read and checked before the first request: a bad one must not
     # throw a finished benchmark away.
+    longest = max(prompt_lengths, default=0)
+    if prefill_concurrency * longest > MAX_BATCH_PROMPT_TOKENS:
+        raise click.UsageError(
+            f"--prefill-concurrency {prefill_concurrency} x --prompt-lengths {longest} = "
+            f"{prefill_concurrency * longest} prompt tokens held at once, more than "
+            f"{MAX_BATCH_PROMPT_TOKENS}: lower one of them"
+        )
     api_key = load_api_key(os.environ, api_key_file)
     facts = _json_file(facts_file, "facts file", "--facts")
     plan = _plan_file(plan_file)
@@ -228,6 +249,7 @@ def bench(
         warmup=warmup,
         runs=runs,
         token_id_range=token_id_range,
+        deadline_s=deadline_s,
     )
     drafted_before = b.read_spec_decode(cfg)  # MTP's counters, when the server drafts
     records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))
