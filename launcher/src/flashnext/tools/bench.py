@@ -52,6 +52,11 @@ REFERENCE = {
     "prefill": {"requests": 4, "prompt_tokens": 247_823, "seconds": 368.0},
 }
 
+MAX_BATCH_PROMPT_TOKENS = 1 << 23
+"""Token ids held in memory at once (a batch's prompts; the soak's clients' prompts):
+~40 B each as a Python list and its JSON, so 8M tokens is ~350 MB, 32 full contexts
+of 262144 tokens."""
+
 TOKEN_ID_RANGE = (1_000, 100_000)
 """Prompt token ids are drawn from [lo, hi): ordinary vocabulary, clear of special tokens.
 A model with a smaller vocabulary (the tiny test checkpoint: 32768) needs its own range:
