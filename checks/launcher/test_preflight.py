@@ -211,3 +211,28 @@ def test_a_profile_without_an_inventory_shows_host_memory_as_unsized(tmp_path):
         ram.fix == "pass --model the checkpoint directory: the plan sizes what the host must hold"
     )
     assert by_id(a)["host.shm"].level == "ok"
+
+
+@pytest.mark.parametrize(
+    ("host", "api_key_set", "expected"),
+    [
+        ("127.0.0.1", False, None),  # loopback: only this machine reaches it
+        ("::1", False, None),
+        ("localhost", False, None),
+        ("0.0.0.0", False, "warn"),  # every interface, no key
+        ("192.0.2.7", False, "warn"),
+        ("serving-host", False, "warn"),  # a name may resolve beyond loopback
+        ("0.0.0.0", True, "ok"),
+        ("0.0.0.0", None, None),  # `plan`: the key was not asked
+    ],
+)
+def test_an_api_bound_beyond_loopback_without_a_key_is_a_warning(
+    host, api_key_set, expected, full_skeleton, full_model
+):
+    opts = PlanOptions(model_dir=str(full_skeleton), table_path=TABLE, host=host)
+    found = by_id(assess(base_facts(), opts, None, model=full_model, api_key_set=api_key_set))
+    exposure = found.get("api.exposure")
+    assert (exposure.level if exposure else None) == expected
+    if expected == "warn":
+        assert exposure.message.startswith(f"--host {host} exposes the API beyond this machine")
+        assert "--api-key-file FILE" in exposure.fix and "--host 127.0.0.1" in exposure.fix

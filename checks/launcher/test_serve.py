@@ -189,12 +189,34 @@ def test_wrong_model_name_is_reported_with_what_is_served():
     assert f"model 'other-model' not served (served: {MODEL_NAME})" in log
 
 
-def test_api_key_is_sent_and_required():
-    rc, log, _ = run_supervise({"VLLM_API_KEY": "sekret"}, api_key=None)
-    assert rc == 1
-    assert "/v1/models: HTTP 401: Unauthorized" in log
-    rc, log, ready = run_supervise({"VLLM_API_KEY": "sekret"}, stop_ready=True, api_key="sekret")
-    assert rc == 0 and ready[0].model_name == MODEL_NAME
+def test_a_key_in_the_environment_is_handed_on_and_demanded():
+    # VLLM_API_KEY in the environment: the supervisor sends it, and proves it is demanded
+    rc, log, ready = run_supervise({"VLLM_API_KEY": "sekret"}, stop_ready=True, api_key=None)
+    assert rc == 0 and ready[0].model_name == MODEL_NAME, log
+    assert "the API key demanded (a request without it got HTTP 401)" in log
+
+
+def test_the_key_reaches_vllm_through_its_environment_not_argv():
+    # The stand-in, like vLLM, reads VLLM_API_KEY; the supervisor's env has none: only
+    # supervise can have put the key there, and a request without it must be refused.
+    rc, log, ready = run_supervise(stop_ready=True, api_key="sekret")
+    assert rc == 0 and ready, log
+    assert "the API key demanded (a request without it got HTTP 401)" in log
+    started = next(ln for ln in log.splitlines() if ln.startswith("flashnext: starting: "))
+    assert "sekret" not in started
+
+
+def test_a_server_that_serves_open_despite_the_key_is_not_reported_ready():
+    rc, log, ready = run_supervise({"STANDIN_IGNORE_API_KEY": "1"}, api_key="sekret")
+    assert rc == 1 and not ready
+    assert "/v1/models answered a request without the API key (HTTP 200" in log
+    assert "the server does not demand the key" in log
+
+
+def test_without_a_key_ready_says_the_api_is_open():
+    rc, log, _ = run_supervise(stop_ready=True)
+    assert rc == 0
+    assert "no API key (anyone who reaches the address can use it)" in log
 
 
 def test_missing_binary_says_how_to_get_it():
@@ -226,7 +248,8 @@ def test_ready_reports_url_model_and_context_length():
     assert info.smoke_text == "".join(f" tok{i}" for i in range(8))
     assert re.search(
         rf"flashnext: ready: {re.escape(info.base_url)} serving '{MODEL_NAME}', "
-        r"context 131072 tokens, started in \d+\.\ds\n",
+        r"context 131072 tokens, started in \d+\.\ds, no API key \(anyone who reaches the "
+        r"address can use it\)\n",
         log,
     )
 
@@ -302,8 +325,51 @@ def test_api_key_file_errors(tmp_path):
     empty.write_text("\n")
     with pytest.raises(serve.ServeError, match="is empty; write the key on its first line"):
         serve.load_api_key({}, empty)
-    with pytest.raises(serve.ServeError, match="cannot read the API key file .*No such file"):
+    with pytest.raises(serve.ServeError, match=r"the API key file .*missing: cannot read it "
+                       r"\(no such file\); pass --api-key-file"):  # fmt: skip
         serve.load_api_key({}, tmp_path / "missing")
+
+
+def test_api_key_files_are_read_bounded_and_never_block(tmp_path, monkeypatch):
+    from flashnext.facts import jsonfile
+
+    with pytest.raises(serve.ServeError, match="/dev/zero: not a regular file"):
+        serve.load_api_key({}, "/dev/zero")  # a device: never read to its end
+    with pytest.raises(serve.ServeError, match="a directory, not a key file"):
+        serve.load_api_key({}, tmp_path)
+    big = tmp_path / "big"
+    big.write_text("k" * (serve.MAX_KEY_FILE_BYTES + 1))
+    with pytest.raises(serve.ServeError, match="over 4096 bytes, so not a key file"):
+        serve.load_api_key({}, big)
+    ctl = tmp_path / "ctl"
+    ctl.write_bytes(b"se\x00cret\n")
+    with pytest.raises(serve.ServeError, match="holds control characters"):
+        serve.load_api_key({}, ctl)
+    # A FIFO nobody writes (a forgotten `mkfifo`): an error within the deadline, no hang.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(jsonfile, "PIPE_DEADLINE_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(serve.ServeError, match="a pipe that wrote nothing to its end within"):
+        serve.load_api_key({}, fifo)
+    assert time.monotonic() - started < 5
+
+
+def test_api_key_from_a_pipe(tmp_path):
+    # `--api-key-file <(pass show vllm)`: a pipe whose writer answers at once
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "w") as fh:
+            fh.write("from-pipe\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert serve.load_api_key({"VLLM_API_KEY": "from-env"}, fifo) == "from-pipe"
+    finally:
+        writer.join(5)
 
 
 def test_describe_exit():

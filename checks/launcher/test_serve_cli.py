@@ -55,7 +55,12 @@ def test_serve_exits_non_zero_when_the_engine_dies(full_skeleton):
     assert "exited while the HTTP server still answers (/health: 200)" in out
 
 
-def test_serve_reads_the_api_key_file(full_skeleton, tmp_path):
+def test_serve_hands_the_key_file_to_vllm_and_it_is_demanded(full_skeleton, tmp_path):
+    """The key in --api-key-file reaches vLLM (before the fix vLLM served open: the key
+    was only sent by the supervisor); never through argv, which `ps` shows to all."""
+    import httpx
+    import psutil
+
     key = tmp_path / "key"
     key.write_text("sekret\n")
     port = free_port()
@@ -63,10 +68,37 @@ def test_serve_reads_the_api_key_file(full_skeleton, tmp_path):
         [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(FACTS),
          "--model", str(full_skeleton), "--table", TABLE, "--port", str(port),
          "--api-key-file", str(key)],
-        env={**standin_env(), "VLLM_API_KEY": "sekret"},  # the server demands it
+        env={**standin_env(), "VLLM_API_KEY": "another-key"},  # the file's key wins
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    read_until(proc, r"flashnext: ready: ", timeout_s=90)
-    os.kill(proc.pid, signal.SIGINT)
+    try:
+        seen = read_until(proc, r"flashnext: ready: ", timeout_s=90)
+        assert "the API key demanded (a request without it got HTTP 401)" in seen
+        models = f"http://127.0.0.1:{port}/v1/models"
+        assert httpx.get(models, timeout=10).status_code == 401
+        bearer = {"Authorization": "Bearer another-key"}
+        assert httpx.get(models, headers=bearer, timeout=10).status_code == 401
+        bearer = {"Authorization": "Bearer sekret"}
+        assert httpx.get(models, headers=bearer, timeout=10).status_code == 200
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            assert not any("sekret" in arg for arg in child.cmdline()), child.cmdline()
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
     out = finish(proc, 60)
     assert proc.returncode == 0, out
+    assert "sekret" not in seen + out
+
+
+def test_serve_refuses_an_unreadable_key_file_before_starting(full_skeleton, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashnext", "serve", "--replay-facts-for-testing", str(FACTS),
+         "--model", str(full_skeleton), "--table", TABLE, "--port", str(free_port()),
+         "--api-key-file", str(key)],
+        env=standin_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"the API key file {key} is empty; write the key on its first line" in proc.stderr
+    assert "starting:" not in proc.stderr + proc.stdout

@@ -108,11 +108,13 @@ def assess(
     vllm_env: VllmEnvFacts | None = None,
     patch_series: tuple[tuple[str, str], ...] | None = None,
     build_env: str | None = None,
+    api_key_set: bool | None = None,
 ) -> Assessment:
     """`model`: facts already read from options.model_dir (tests reuse one read);
     `facts_source`: the facts file replayed (--facts), named in findings;
     `vllm_env`: the vLLM serve would start (None: not judged), with this checkout's
-    `patch_series` and the `build_env` command (None outside a checkout)."""
+    `patch_series` and the `build_env` command (None outside a checkout);
+    `api_key_set`: whether the server will demand an API key (None: not asked)."""
     profile, reason = select_profile(facts, profile_name)
     profile = with_mtp(profile, options.mtp)
     model_error, model_missing, model_error_fix = None, False, None
@@ -159,6 +161,7 @@ def assess(
             vllm_env=vllm_env,
             patch_series=patch_series,
             build_env=build_env,
+            api_key_set=api_key_set,
         )
     )
     command = serve_command(the_plan, profile, options) if the_plan else None

@@ -68,25 +68,37 @@ class ReadyInfo:
 # ---------------------------------------------------------------- inputs
 
 
+MAX_KEY_FILE_BYTES = 4096  # a key is tens of bytes; a device or a log is not a key file
+
+
 def load_api_key(env: Mapping[str, str], key_file: str | Path | None = None) -> str | None:
     """The API key vLLM will demand: from `key_file` if given, else `VLLM_API_KEY`.
 
-    A key file must hold the key on its first line; an empty or unreadable file is an
+    A key file must hold the key on its first line (a regular file, or a pipe such as
+    `<(pass show vllm)`, at most 4 KiB); an empty, unreadable or oversized file is an
     error rather than silently serving without a key.
     """
-    if key_file is not None:
-        path = Path(key_file)
-        try:
-            key = path.read_text().strip().splitlines()[0:1]
-        except OSError as exc:
-            raise ServeError(
-                f"cannot read the API key file {path}: {exc.strerror}; "
-                "pass --api-key-file with a readable file, or set VLLM_API_KEY"
-            ) from exc
-        if not key or not key[0].strip():
-            raise ServeError(f"the API key file {path} is empty; write the key on its first line")
-        return key[0].strip()
-    return env.get("VLLM_API_KEY") or None
+    from flashnext.facts.jsonfile import PIPE_DEADLINE_S, JsonFileError, read_bounded
+
+    if key_file is None:
+        return env.get("VLLM_API_KEY") or None
+    fix = "pass --api-key-file with a readable file holding the key, or set VLLM_API_KEY"
+    try:
+        raw = read_bounded(key_file, "key file", MAX_KEY_FILE_BYTES,
+                           pipe_deadline_s=PIPE_DEADLINE_S)  # fmt: skip
+    except JsonFileError as exc:
+        raise ServeError(f"the API key file {exc}; {fix}") from None
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ServeError(f"the API key file {key_file} is not UTF-8 text; {fix}") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ServeError(f"the API key file {key_file} is empty; write the key on its first line")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        # An HTTP header cannot carry it: every request would be refused.
+        raise ServeError(f"the API key in {key_file} holds control characters; {fix}")
+    return key
 
 
 def resolve_executable(argv: list[str], env: Mapping[str, str]) -> str:
@@ -312,8 +324,10 @@ def _error_text(status: int, body: bytes) -> str:
     if status == 0:
         return "no answer"
     try:
-        return f"HTTP {status}: {json.loads(body)['error']['message']}"
-    except (ValueError, KeyError, TypeError):
+        error = json.loads(body)["error"]
+        # vLLM's errors carry {"message": ...}; its auth middleware a bare string
+        return f"HTTP {status}: {error if isinstance(error, str) else error['message']}"
+    except (ValueError, KeyError, TypeError, RecursionError):
         return f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
 
 
@@ -333,11 +347,16 @@ def read_model_card(
         return None, f"{models_url}: {_error_text(status, body)}"
     try:
         cards = json.loads(body)["data"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
+        cards = None
+    if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
         return None, f"{models_url}: not an OpenAI model list"
     for card in cards:
         if card.get("id") == model_name:
-            return card.get("max_model_len"), None
+            max_len = card.get("max_model_len")
+            if max_len is not None and (type(max_len) is not int or max_len <= 0):
+                return None, f"{models_url}: max_model_len {max_len!r} is not a token count"
+            return max_len, None
     names = ", ".join(str(c.get("id")) for c in cards) or "none"
     return None, f"{models_url}: model {model_name!r} not served (served: {names})"
 
@@ -354,11 +373,29 @@ def smoke_completion(
         doc = json.loads(raw)
         text = doc["choices"][0]["text"]
         generated = doc["usage"]["completion_tokens"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        text = generated = None
+    if not isinstance(text, str) or type(generated) is not int:
         return None, f"{completion_url}: answer is not an OpenAI completion"
     if not generated:
         return None, f"{completion_url}: the completion generated no tokens"
     return text, None
+
+
+def key_demanded(models_url: str, timeout_s: float) -> str | None:
+    """None if the server refuses a request without the API key (HTTP 401), else why
+    serving it would be a hole: a key was configured, so nothing may be served open."""
+    status, body = _request(models_url, None, timeout_s)
+    if status == 401:
+        return None
+    if status == 0:
+        return (f"{models_url} did not answer a request without the API key, so whether "
+                "the key is demanded is unknown")  # fmt: skip
+    return (
+        f"{models_url} answered a request without the API key ({_error_text(status, body)}): "
+        "the server does not demand the key, so anyone who reaches it can use it; check that "
+        "nothing in its environment or argv overrides VLLM_API_KEY"
+    )
 
 
 # ---------------------------------------------------------------- supervision
@@ -428,6 +465,13 @@ def supervise(
 
     # The notify socket is ours: vLLM must not report readiness before we checked it.
     child_env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
+    # vLLM takes its key from the environment (vllm/envs.py VLLM_API_KEY), never from
+    # argv where `ps` shows it to every user; a key in `env` is never dropped.
+    api_key = api_key or child_env.get("VLLM_API_KEY") or None
+    if api_key:
+        child_env["VLLM_API_KEY"] = api_key
+    else:
+        child_env.pop("VLLM_API_KEY", None)
     with _Signals() as signals:
         started = time.monotonic()
         say(f"starting: {' '.join(argv)}")
@@ -451,10 +495,15 @@ def supervise(
             )  # fmt: skip
             if ready is None:
                 return watch.result
+            auth = (
+                "the API key demanded (a request without it got HTTP 401)"
+                if api_key
+                else "no API key (anyone who reaches the address can use it)"
+            )
             say(
                 f"ready: {ready.base_url} serving {ready.model_name!r}, context "
                 f"{ready.max_model_len if ready.max_model_len is not None else 'unknown'} "
-                f"tokens, started in {ready.startup_s:.1f}s"
+                f"tokens, started in {ready.startup_s:.1f}s, {auth}"
             )
             sd_notify(
                 f"READY=1\nSTATUS=serving {ready.model_name} at {ready.base_url}, context "
@@ -563,12 +612,21 @@ class _Watch:
             if err is not None:
                 return None, None, err
             text, err = smoke_completion(completion_url, model_name, api_key, smoke_timeout_s)
+            if err is None and api_key:
+                err = key_demanded(models_url, request_timeout_s)
             return max_len, text, err
 
         # The first completion can take minutes (or crash the engine): keep watching the
         # child and our signals while it runs.
         box: list[tuple[int | None, str | None, str | None]] = []
-        worker = threading.Thread(target=lambda: box.append(probe()), daemon=True)
+
+        def probe_into_box() -> None:
+            try:
+                box.append(probe())
+            except Exception as exc:  # noqa: BLE001 (a reply we failed to foresee)
+                box.append((None, None, f"the readiness probe failed: {exc!r}"))
+
+        worker = threading.Thread(target=probe_into_box, daemon=True)
         worker.start()
         while worker.is_alive():
             if self.check_child_and_signals() is not None:

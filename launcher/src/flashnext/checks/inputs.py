@@ -51,6 +51,9 @@ class PreflightInput:
     build_env: str | None = None
     """The command that builds the pinned env from here (`pins/build-env`); None
     outside a checkout (the Nix app and the image carry their env)."""
+    api_key_set: bool | None = None
+    """Whether the server will demand an API key (--api-key-file or VLLM_API_KEY);
+    None: not asked (`plan`, pure tests)."""
 
 
 def _ok(id_: str, measured: str, required: str, message: str, **values: int | None) -> Finding:

@@ -31,6 +31,7 @@ CHECKS: tuple[Check, ...] = (
     table.table,
     vllm_env.vllm_env,
     port.port,
+    port.exposure,
 )
 
 

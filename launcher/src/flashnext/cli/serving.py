@@ -58,9 +58,12 @@ def _vllm_env_inputs(env_dir: str | None, selected_by: str) -> dict:
     }
 
 
-def assess_from_settings(kw: dict, model=None, env_inputs: dict | None = None):
+def assess_from_settings(
+    kw: dict, model=None, env_inputs: dict | None = None, api_key_set: bool | None = None
+):
     """Facts (probed or replayed), profile, plan, findings; with `env_inputs` the vLLM
-    env is judged too (preflight, serve)."""
+    env is judged too (preflight, serve); `api_key_set`: whether the server will demand
+    a key (None: not asked, `plan`)."""
     from flashnext.assess import assess, load_facts
 
     options = plan_options(kw)
@@ -71,8 +74,19 @@ def assess_from_settings(kw: dict, model=None, env_inputs: dict | None = None):
         kw["profile_name"],
         model=model,
         facts_source=kw["facts_file"],
+        api_key_set=api_key_set,
         **(env_inputs or {}),
     )
+
+
+def _api_key(api_key_file: str | None) -> str | None:
+    """The key serve will hand vLLM: --api-key-file's, else VLLM_API_KEY's; a bad file
+    is an error (exit 1) before anything is probed or started."""
+    import os
+
+    from flashnext.serve import load_api_key
+
+    return load_api_key(os.environ, api_key_file)
 
 
 def _preflight_doc(a) -> dict:
@@ -109,8 +123,8 @@ def _reachable_host(host: str) -> str:
 
 
 @main.command()
-@options(*PLAN_SETTINGS, "vllm_env_dir")
-def preflight(as_json: bool, vllm_env_dir: str | None, **kw) -> None:
+@options(*PLAN_SETTINGS, "vllm_env_dir", "api_key_file")
+def preflight(as_json: bool, vllm_env_dir: str | None, api_key_file: str | None, **kw) -> None:
     """Check this host (or a facts file), the model, the table and the vLLM env serve runs.
 
     Every failed check says what was measured, what is required and how to fix
@@ -118,7 +132,11 @@ def preflight(as_json: bool, vllm_env_dir: str | None, **kw) -> None:
     """
     from flashnext.render import emit_json
 
-    a = assess_from_settings(kw, env_inputs=_vllm_env_inputs(vllm_env_dir, _vllm_env_selection()))
+    a = assess_from_settings(
+        kw,
+        env_inputs=_vllm_env_inputs(vllm_env_dir, _vllm_env_selection()),
+        api_key_set=_api_key(api_key_file) is not None,
+    )
     if as_json:
         emit_json(_preflight_doc(a))
     else:
@@ -207,11 +225,14 @@ def serve(
     from flashnext.render import emit_json
 
     kw["facts_file"] = _serve_facts(kw["facts_file"], replay_facts_for_testing)
+    api_key = _api_key(api_key_file)
     env_inputs = _vllm_env_inputs(vllm_env_dir, _vllm_env_selection())
-    a = assess_from_settings(kw, env_inputs=env_inputs)
+    a = assess_from_settings(kw, env_inputs=env_inputs, api_key_set=api_key is not None)
     if not dry_run and _only_the_env_is_missing(a.findings) and env_inputs["build_env"]:
         env_inputs = _build_pinned_env(env_inputs)
-        a = assess_from_settings(kw, model=a.model, env_inputs=env_inputs)
+        a = assess_from_settings(
+            kw, model=a.model, env_inputs=env_inputs, api_key_set=api_key is not None
+        )
     failed = [f for f in a.findings if f.level == "fail"]
     command = _command_line(a) if a.plan else None
     if as_json:
@@ -242,11 +263,12 @@ def serve(
             err=True,
         )
         raise SystemExit(1)
-    from flashnext.serve import load_api_key, supervise
+    from flashnext.serve import supervise
 
-    api_key = load_api_key(os.environ, api_key_file)
     vllm = a.vllm_env
     click.echo(f"flashnext: vLLM: {vllm.executable} ({vllm.selected_by})", err=True)
+    # The key reaches vLLM through its environment (supervise sets VLLM_API_KEY), never
+    # through argv, which `ps` shows to every user of the host.
     env = {**os.environ, **a.command.env}
     base = f"http://{_reachable_host(kw['host'])}:{kw['port']}"
     raise SystemExit(
