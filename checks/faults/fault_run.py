@@ -10,6 +10,7 @@ plus how the in-flight clients ended (`clients`: errored, completed, hung).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -175,10 +176,8 @@ def run_fault(
     if clients is not None:
         verdict["clients"] = clients.summary(30.0)
     for p in leftover:  # never leave a process behind, whatever the verdict
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, 9)
-        except OSError:
-            pass
     return verdict
 
 
