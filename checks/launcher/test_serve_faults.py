@@ -147,7 +147,9 @@ def test_diagnosis_reads_vllms_worker_monitor_line():
 
 def test_an_eio_from_the_table_is_a_table_fault_too():
     argv = ["vllm", "serve", "/m", "--engram-config", '{"mmap_path":"/nvme/ple.bin"}']
-    found = serve_faults.diagnose(["OSError: [Errno 5] Input/output error"], argv, "http://h/health")
+    found = serve_faults.diagnose(
+        ["OSError: [Errno 5] Input/output error"], argv, "http://h/health"
+    )
     assert found.cause.startswith("a table fault: a worker died of SIGBUS/EIO reading the PLE "
                                   "table /nvme/ple.bin")  # fmt: skip
     # without a table in argv, a SIGBUS is a worker's death, not a table fault
