@@ -5,45 +5,15 @@ vLLM binds it. Each ends in a verdict in the results contract's `faults` shape."
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "fixtures" / "standin_vllm"))
-sys.path.insert(0, str(ROOT / "faults"))
-from fault_run import Clients, run_fault  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+import standin_faults as sf  # noqa: E402
 from flashnext import serve_faults  # noqa: E402
-from harness import MODEL_NAME, free_port, serve_argv, standin_env, urls  # noqa: E402
-
-WHERE = "CPU stand-in"
-POLL_S = 0.1
-HANG_S = 2.0
-STOP_S = 5.0
-
-
-def options(port: int, **more) -> dict:
-    return {"model_name": MODEL_NAME, "api_key": None, "startup_timeout_s": 30.0,
-            "poll_interval_s": POLL_S, "progress_interval_s": 1.0, "health_interval_s": 0.5,
-            "stop_timeout_s": STOP_S, "hang_timeout_s": HANG_S, **urls(port), **more}  # fmt: skip
-
-
-def load(port: int) -> Clients:
-    """Streams long enough to be in flight when the fault comes (200 tokens x 50 ms)."""
-    body = {"model": MODEL_NAME, "prompt": [11, 12, 13], "max_tokens": 200, "stream": True}
-    return Clients(f"http://127.0.0.1:{port}/v1/completions", body)
-
-
-def fault(what: str, inject, *, env: dict | None = None, argv_extra=(), port=None, **kw):
-    port = port or free_port()
-    env = standin_env(STANDIN_PP_WORKERS="1", STANDIN_TOKEN_INTERVAL_S="0.05", **(env or {}))
-    return run_fault(what, WHERE, argv=serve_argv(port) + list(argv_extra), env=env,
-                     options=options(port), inject=inject, clients=load(port), **kw)  # fmt: skip
+from standin_faults import HANG_S, POLL_S, STOP_S  # noqa: E402
 
 
 def assert_taken_down(v: dict, bound_s: float) -> None:
@@ -53,9 +23,8 @@ def assert_taken_down(v: dict, bound_s: float) -> None:
     assert v["clients"]["hung"] == 0 and v["clients"]["completed"] == 0, v
 
 
-def test_a_pipeline_rank_sigkilled_under_load_is_named_and_taken_down():
-    v = fault("SIGKILL of pipeline rank 1 under load",
-              lambda s: os.kill(s.pid_of("Worker_PP1"), signal.SIGKILL))  # fmt: skip
+def test_a_pipeline_rank_sigkilled_under_load_is_named_and_taken_down(tmp_path):
+    v = sf.sigkill_rank(tmp_path)
     # the bound: one poll, plus a /health probe (2 s at most), plus stopping the group
     assert_taken_down(v, POLL_S + 2.0 + STOP_S)
     assert "flashnext: error: pipeline rank 1 (VLLM::Worker_PP1" in v["message"], v["message"]
@@ -66,32 +35,24 @@ def test_a_pipeline_rank_sigkilled_under_load_is_named_and_taken_down():
     )
 
 
-def test_a_stopped_engine_while_http_answers_is_a_hang():
-    v = fault("SIGSTOP of the engine core under load",
-              lambda s: os.kill(s.pid_of("EngineCore"), signal.SIGSTOP),
-              env={"STANDIN_ENGINE_STEPS": "1"})  # fmt: skip
+def test_a_stopped_engine_while_http_answers_is_a_hang(tmp_path):
+    v = sf.sigstop_engine(tmp_path)
     assert_taken_down(v, HANG_S + POLL_S + 1.0 + STOP_S)
     assert v["detected_s"] >= HANG_S
     assert "the engine is hung: VLLM::EngineCore_DP0" in v["message"]
     assert "has been stopped (state T)" in v["message"]
 
 
-def test_a_deadlocked_engine_is_seen_by_its_metrics_not_moving():
-    # The engine runs (state S) but no step ends: only the /metrics progress check sees it.
-    v = fault("engine deadlocked (steps stop, process runs) under load",
-              lambda s: os.kill(s.pid_of("EngineCore"), signal.SIGUSR1),
-              env={"STANDIN_ENGINE_STEPS": "1"})  # fmt: skip
+def test_a_deadlocked_engine_is_seen_by_its_metrics_not_moving(tmp_path):
+    v = sf.deadlocked_engine(tmp_path)
     assert_taken_down(v, HANG_S + 2 * 0.5 + STOP_S + 1.0)
     assert "the engine is hung: 3 request(s) in flight and no engine step for" in v["message"]
     assert "vllm:iteration_tokens_total_count" in v["message"]
 
 
 def test_a_table_truncated_under_the_server_is_a_table_fault_with_a_fix(tmp_path):
-    table = tmp_path / "ple.bin"
-    table.write_bytes(os.urandom(1 << 20))
-    engram = json.dumps({"mmap_path": str(table)})
-    v = fault("PLE table truncated under the running server",
-              lambda s: os.truncate(table, 0), argv_extra=["--engram-config", engram])  # fmt: skip
+    v = sf.table_truncated(tmp_path)
+    table = v["table"]
     assert_taken_down(v, POLL_S + 2.0 + STOP_S)
     assert "pipeline rank 0 (VLLM::Worker_PP0" in v["message"]  # the rank holding the PLE
     assert (
@@ -104,8 +65,8 @@ def test_a_table_truncated_under_the_server_is_a_table_fault_with_a_fix(tmp_path
     )
 
 
-def test_sigterm_under_load_stops_cleanly_within_the_stop_timeout():
-    v = fault("SIGTERM to serve under load", lambda s: s.driver.send_signal(signal.SIGTERM))
+def test_sigterm_under_load_stops_cleanly_within_the_stop_timeout(tmp_path):
+    v = sf.sigterm(tmp_path)
     assert v["exit_code"] == 0, v
     assert v["detected_s"] <= STOP_S + 1.0
     assert v["leftover_processes"] == 0
@@ -113,17 +74,9 @@ def test_sigterm_under_load_stops_cleanly_within_the_stop_timeout():
     assert "flashnext: received SIGTERM, stopping the server" in v["message"]
 
 
-def test_a_port_taken_before_vllm_binds_it_is_a_clear_error():
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", 0))
-    squatter.listen()
-    port = squatter.getsockname()[1]
-    try:
-        v = run_fault("port taken between preflight and vLLM's bind", WHERE,
-                      argv=serve_argv(port), env=standin_env(), options=options(port),
-                      inject=None, bound_s=30)  # fmt: skip
-    finally:
-        squatter.close()
+def test_a_port_taken_before_vllm_binds_it_is_a_clear_error(tmp_path):
+    v = sf.port_taken(tmp_path)
+    port = v["port"]
     assert v["exit_code"] == 1 and v["leftover_processes"] == 0, v
     assert "flashnext: error: the server exited with code 1" in v["message"]
     assert (
