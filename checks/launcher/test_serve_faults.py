@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
 import standin_faults as sf  # noqa: E402
-from flashnext import serve_faults  # noqa: E402
+from flashnext.tools import serve_faults  # noqa: E402
 from standin_faults import HANG_S, POLL_S, STOP_S  # noqa: E402
 
 

@@ -14,7 +14,7 @@ What it does, in order (TGI's launcher is the model):
    step, for `hang_timeout_s`; seen within that plus `health_interval_s`) all
    end the run with a non-zero exit, the child's output tail and, where its
    output says why (a worker's exit signal, a SIGBUS in the PLE table, a port
-   taken), the cause and the fix (serve_faults.py).
+   taken), the cause and the fix (tools/serve_faults.py).
 Under systemd (or a Quadlet unit with Notify=true) it reports READY=1 only after
 the smoke completion, plus STATUS lines while waiting and STOPPING=1 on a signal.
 
@@ -42,7 +42,7 @@ from typing import IO, Any
 import httpx
 import psutil
 
-from flashnext.serve_faults import (
+from flashnext.tools.serve_faults import (
     NOTABLE,
     WORKER_DIED,
     Progress,

@@ -234,10 +234,10 @@ def bench(
         )
     api_key = load_api_key(os.environ, api_key_file)
     if soak_s is not None:
-        from flashnext.cli import soak
+        from flashnext.cli.soak import run as run_soak
 
         _writable_dir(out_dir)
-        soak.run(url=url, model=served_model_name, api_key=api_key,
+        run_soak(url=url, model=served_model_name, api_key=api_key,
                  token_id_range=token_id_range, out_dir=out_dir, as_json=as_json,
                  soak_s=soak_s, **soak_kw)  # fmt: skip
         return
