@@ -30,9 +30,26 @@ for req in project.get("dependencies", []) + [
 PY
 }
 
+# The cache directory must be one: a file there (a typo, a stale mount point)
+# would fail deep inside `python -m venv` with a bare errno.
+cache_dir_usable() {
+  local where="FLASHNEXT_CACHE=$FLASHNEXT_CACHE"
+  if [ -e "$FLASHNEXT_CACHE" ] && [ ! -d "$FLASHNEXT_CACHE" ]; then
+    echo "flashnext: $where is not a directory; fix: point FLASHNEXT_CACHE at a directory" \
+      "(export FLASHNEXT_CACHE=\$HOME/.cache/flashnext) or unset it" >&2
+    return 1
+  fi
+  if ! mkdir -p "$FLASHNEXT_CACHE" 2>/dev/null || [ ! -w "$FLASHNEXT_CACHE" ]; then
+    echo "flashnext: $where cannot be created or written by $(id -un);" \
+      "fix: point FLASHNEXT_CACHE at a directory you can write, or unset it" >&2
+    return 1
+  fi
+}
+
 launcher_venv() {
   local repo=$1 extras=${2:-} py=${FLASHNEXT_PYTHON:-python3}
   local key venv site reqs
+  cache_dir_usable || return 1
   key=$(launcher_venv_key "$repo" "$extras" "$py") || return 1
   venv="$FLASHNEXT_CACHE/launcher/$key"
   # Venvs are not relocatable, so build in place; .complete is written last

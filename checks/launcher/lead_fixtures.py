@@ -165,7 +165,12 @@ VARIANTS: dict[str, tuple[Callable[[HostFacts], HostFacts], str, str, tuple[str,
         "fail",
         (),
     ),
-    "small_shm": (lambda f: _memory(f, shm_total_bytes=64 << 20), "host.shm", "fail", ()),
+    "small_shm": (
+        lambda f: _memory(f, shm_total_bytes=64 << 20, shm_free_bytes=64 << 20),
+        "host.shm",
+        "fail",
+        (),
+    ),
     "table_missing": (
         lambda f: _table(f, exists=False, is_regular_file=False, size_bytes=None),
         "table.path",

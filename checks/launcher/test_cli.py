@@ -169,6 +169,7 @@ def test_plan_refuses_a_profile_for_other_gpus(full_skeleton, tmp_path):
             devices=tuple(
                 dataclasses.replace(d, name="NVIDIA A100-SXM4-80GB") for d in facts.gpu.devices[:2]
             ),
+            p2p=tuple(p for p in facts.gpu.p2p if p.gpu_b < 2),  # two cards: one pair
         ),
     )
     path = tmp_path / "a100.json"

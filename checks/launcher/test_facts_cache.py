@@ -78,6 +78,22 @@ def test_a_changed_file_is_read_again(aged_model, cache, monkeypatch):
     assert shard.name in calls
 
 
+def test_a_shard_rewritten_in_place_under_its_old_mtime_is_read_again(aged_model, cache):
+    """Issue 39 class 5: same size, same mtime (put back with os.utime, as `cp -p` and
+    `touch -d` do), other bytes: the cache must not vouch for it."""
+    read_model_facts(aged_model)
+    shard = sorted(aged_model.glob("*.safetensors"))[0]
+    st = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    raw[8] = ord("[")  # the header's opening brace: the JSON is now no object
+    with open(shard, "r+b") as fh:  # in place: the same inode, the same size
+        fh.write(raw)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (shard.stat().st_size, shard.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    with pytest.raises(model_module.ModelFactsError, match="header is not JSON"):
+        read_model_facts(aged_model)
+
+
 def test_a_damaged_shard_after_caching_is_refused(aged_model, cache):
     read_model_facts(aged_model)
     shard = sorted(aged_model.glob("*.safetensors"))[0]

@@ -114,3 +114,21 @@ def test_flashnext_builds_its_venv_once_then_runs_no_pip_and_never_writes_the_ch
     init = clone / "launcher" / "src" / "flashnext" / "__init__.py"
     init.write_text(init.read_text().replace('"0.1.0"', '"0.1.0+edited"'))
     assert version().stdout == "flashnext, version 0.1.0+edited\n"
+
+
+def test_a_cache_that_is_a_file_says_so_with_the_fix(tmp_path: Path) -> None:
+    """Issue 39 class 10: FLASHNEXT_CACHE naming a file was a bare errno from venv."""
+    repo = LIB.parents[1]
+    cache = tmp_path / "not-a-dir"
+    cache.write_text("")
+    proc = subprocess.run(
+        [str(repo / "flashnext"), "--version"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLASHNEXT_CACHE": str(cache)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"flashnext: FLASHNEXT_CACHE={cache} is not a directory; fix: point FLASHNEXT_CACHE at "
+        "a directory (export FLASHNEXT_CACHE=$HOME/.cache/flashnext) or unset it\n"
+    )
+    assert cache.read_text() == ""

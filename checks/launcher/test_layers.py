@@ -16,7 +16,16 @@ PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "src" / "flashnext"
 # and the ones below, never one above. Keys are the package's top-level names.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # no logic
-    ("__init__", "units", "atomic", "write_errors", "read_errors", "invocation", "checkout"),
+    (
+        "__init__",
+        "units",
+        "atomic",
+        "write_errors",
+        "read_errors",
+        "invocation",
+        "checkout",
+        "input_files",
+    ),  # fmt: skip
     ("facts",),  # every read of the host and the checkpoint (stored schemes, scheme map too)
     ("profiles",),  # profiles
     ("plan",),  # pure: partition, placement, kv sizing, plan, command

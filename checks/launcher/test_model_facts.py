@@ -323,7 +323,10 @@ def test_tensor_in_two_shards(tiny_dir):
 
 def test_bad_generation_config_is_an_error_not_ignored(tiny_dir):
     (tiny_dir / "generation_config.json").write_text("{oops")
-    with pytest.raises(ModelFactsError, match="generation config is not valid JSON"):
+    with pytest.raises(
+        ModelFactsError,
+        match=r"generation_config.json: not JSON \(.*\), so not a generation config",
+    ):
         read_model_facts(tiny_dir)
 
 

@@ -116,6 +116,9 @@ CASES = {
         "usb",
     ),
     "virtio": ("ext4", "/dev/vda1", [("vda", "virtio", True, None)], "virtio"),
+    # issue 39 class 5: an image in /dev/shm on loop0 is RAM, not a disk
+    "loop_on_tmpfs": ("ext4", "/dev/loop0", [("loop0", "ram", False, None)], "ram"),
+    "loop_on_disk": ("ext4", "/dev/loop1", [("loop1", "loop", False, None)], "loop"),
     "nvme_tcp": (
         "xfs",
         "/dev/nvme1n1",
@@ -375,3 +378,15 @@ def test_real_loop_device(tmp_path):
     rotational = Path(f"/sys/class/block/{device['name']}/queue/rotational")
     if rotational.exists():  # the loop device may already be released after the child exited
         assert device["rotational"] is (rotational.read_text().strip() == "1")
+
+
+def test_a_table_on_a_loop_over_tmpfs_is_refused_as_ram(tmp_path):
+    """Issue 39 class 5: ext4 on loop0 whose image sits in /dev/shm is RAM, not NVMe."""
+    from flashnext.table.storage_policy import storage_refusal
+
+    table = tmp_path / "ple.bin"
+    table.write_bytes(b"\0" * 4096)
+    refusal = storage_refusal(probe_in("loop_on_tmpfs", table))
+    assert refusal is not None
+    assert "is on loop0, a block device in RAM (a loop over tmpfs, zram)" in refusal
+    assert storage_refusal(probe_in("loop_on_disk", table)) is None

@@ -41,3 +41,24 @@ def test_the_shipped_profiles_load_within_their_bounds():
     for profile in profiles.values():
         assert 0 < profile.memory.gpu_memory_utilization <= 1
         assert profile.qsa_offload.host_pinning in ("exact", "pow2")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('CUDA_DEVICE_ORDER = ["PCI_BUS_ID"]',
+         "x.toml [env]: CUDA_DEVICE_ORDER is a list, not a string or number"),
+        ("CUDA_DEVICE_ORDER = { a = 1 }",
+         "x.toml [env]: CUDA_DEVICE_ORDER is a dict, not a string or number"),
+        ('"A=B" = "1"', "x.toml [env]: 'A=B' is not an environment variable name"),
+        ('"" = "1"', "x.toml [env]: '' is not an environment variable name"),
+    ],
+)  # fmt: skip
+def test_env_values_are_scalars_under_real_names(line, message):
+    """Issue 39 class 10: a list or table was stringified into the child's environment,
+    and a name with `=` split into another variable there."""
+    text = SHIPPED.replace('CUDA_DEVICE_ORDER = "PCI_BUS_ID"', line)
+    assert text != SHIPPED
+    with pytest.raises(ProfileError) as err:
+        parse_profile(text, "x.toml")
+    assert str(err.value).startswith(message)

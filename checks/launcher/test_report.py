@@ -87,6 +87,36 @@ def test_loopback_and_lookalikes_are_kept():
     assert r.text("nic 00:1b:21:3a:4f:5c") == "nic <mac>"
 
 
+def test_ipv6_addresses_are_redacted_and_lookalikes_kept():
+    r = alice()
+    assert r.text("bound [2001:db8::7]:8000 and fe80::1ff:fe23:4567:890a%eth0") == (
+        "bound [<ip>]:8000 and <ip>"
+    )
+    assert r.text("peer 2001:db8:0:0:1:0:0:1 and ::ffff:192.0.2.7") == "peer <ip> and <ip>"
+    # what says nothing about the host, or is no address at all, stays
+    kept = "[::1]:8000 [::]:8000 at 12:34:56 in std::vector c::d::e"
+    assert r.text(kept) == kept
+    assert r.counts == {"ip": 4}
+
+
+def test_the_person_behind_sudo_is_redacted(monkeypatch):
+    # `sudo flashnext report`: getpass says root; SUDO_USER is the person, and their home
+    # directory is theirs too.
+    monkeypatch.setenv("SUDO_USER", "root")  # `sudo -u root` from root: nobody else
+    assert report._sudo_invoker("root") == (None, None)
+    me = report.Redactor(username="root", home="/root", sudo_user="alice",
+                         sudo_home="/home/alice")  # fmt: skip
+    text = me.text("/home/alice/models/x by alice, run as root in /root/tmp")
+    assert text == "~/models/x by <user>, run as <user> in ~/tmp"
+    import pwd
+
+    someone = pwd.getpwuid(os.getuid())
+    monkeypatch.setenv("SUDO_USER", someone.pw_name)
+    assert report._sudo_invoker("another-name") == (someone.pw_name, someone.pw_dir)
+    monkeypatch.setenv("SUDO_USER", "no-such-user-xyz")
+    assert report._sudo_invoker("root") == ("no-such-user-xyz", None)
+
+
 def test_missing_parts_are_recorded_not_fatal():
     doc = report.build_report(
         facts=None, plan=None, preflight=None, versions={}, patches={"unavailable": "x"},

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 import pytest
-from h200_tiny_facts import write_h200_facts
+from h200_tiny_facts import H100_NAME, H100_TOTAL_BYTES, write_h200_facts
+from test_probe_gpu import H200_PROBED
 from vllm_env_fixtures import checkout_stamp, write_vllm_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,9 +109,10 @@ def pp3_inputs(inputs, tmp_path_factory):
     return root, model, table, kit
 
 
-def script_env(inputs, port: int, **extra: str) -> dict[str, str]:
+def script_env(inputs, port: int, card: str = "H200", **extra: str) -> dict[str, str]:
+    """The script's environment, with replayed facts of the lent host with `card`."""
     root, model, table, kit = inputs
-    facts = write_h200_facts(root / f"facts-{port}.json", model, table, port)
+    facts = write_h200_facts(root / f"facts-{port}.json", model, table, port, card=card)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "FLASHNEXT_"))}
     env.pop("VLLM_API_KEY", None)
     env.update(
@@ -128,12 +130,12 @@ def script_env(inputs, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_script(inputs, out: Path, timeout_s: float = 180, **extra: str):
+def run_script(inputs, out: Path, timeout_s: float = 180, card: str = "H200", **extra: str):
     port = free_port()
     _, model, table, _ = inputs
     proc = subprocess.run(
         [str(SCRIPT), str(model), str(table), str(out)],
-        env=script_env(inputs, port, **extra), cwd="/",
+        env=script_env(inputs, port, card, **extra), cwd="/",
         capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
     summary = json.loads((out / "serve-tiny.json").read_text())
@@ -205,6 +207,12 @@ def test_the_whole_run_passes(inputs, tmp_path):
     assert summary["devices"] == 1 and summary["mtp"] is None and summary["emulation"] is None
     assert summary["replayed_facts"]["file"].endswith(f"facts-{port}.json")
     assert summary["replayed_facts"]["gpus"] == 1
+    # which card ran, as the facts every step judged have it
+    assert summary["card"] == {
+        "name": "NVIDIA H200",
+        "memory_total_bytes": H200_PROBED["devices"][0]["memory_total_bytes"],
+        "source": f"preflight.json's facts: FLASHNEXT_FACTS={summary['replayed_facts']['file']}",
+    }
 
 
 def _has_nvidia_smi() -> bool:
@@ -389,6 +397,26 @@ def test_pp3_on_one_gpu_serves_with_three_replayed_h200s_and_the_shim(inputs, pp
     assert summary["serve"]["health"] is summary["serve"]["smoke"] is True
     assert summary["serve"]["clean_stop"] is True
     assert summary["serve"]["bench_c1_tok_s"] > 0 and summary["serve"]["bench_c4_tok_s"] > 0
+
+
+def test_pp3_serves_on_an_h100_too(pp3_inputs, tmp_path):
+    """A call for the H200 may get an H100: the same run passes on its facts (three
+    of it, replayed), and the result says which card ran."""
+    out = tmp_path / "out"
+    proc, summary, verdicts, _ = run_script(pp3_inputs, out, card="H100", **PP3)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert all(v == "ok" for k, v in verdicts.items() if k != "gpu"), verdicts
+    assert (summary["card"]["name"], summary["card"]["memory_total_bytes"]) == (
+        H100_NAME,
+        H100_TOTAL_BYTES,
+    )
+    assert summary["card"]["source"].endswith("its GPU replayed x3 (checks/gpu/pp3/emulation.py)")
+    three = json.loads((out / "facts-pp3.json").read_text())
+    assert {d["name"] for d in three["gpu"]["devices"]} == {H100_NAME}
+    preflight = json.loads((out / "preflight.json").read_text())
+    levels = {f["id"]: f["level"] for f in preflight["findings"]}
+    assert levels["gpu.count"] == "ok" and levels["gpu0.vram"] == "ok"
+    assert summary["serve"]["clean_stop"] is True and summary["serve"]["bench_c4_tok_s"] > 0
 
 
 def test_pp3_fails_when_the_shim_env_does_not_reach_vllm(pp3_inputs, tmp_path):

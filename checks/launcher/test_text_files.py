@@ -100,7 +100,7 @@ def test_a_binary_checkpoint_json_is_named(name, tiny, tmp_path):
                     "3x3090-nvme.json", "--model", model, "--table", TABLE)  # fmt: skip
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: no plan: no model facts ({model / name}: ")
-    assert "is not UTF-8 text" in result.output
+    assert "not UTF-8 text, so not a" in result.output
     check = invoke("checkpoint", "check", "--model", model)
     assert check.exit_code == 1 and "Traceback" not in check.output
 

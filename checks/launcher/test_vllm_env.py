@@ -9,6 +9,7 @@ one (FLASHNEXT_VLLM_ENV there) and skip without it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -370,3 +371,24 @@ def test_serve_starts_the_real_pinned_vllm_found_in_the_cache(tmp_path):
     assert f"flashnext: starting: vllm serve {model} " in proc.stderr
     assert "RuntimeError: Failed to infer device type" in proc.stderr  # vLLM itself, no GPU
     assert proc.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("stamp", "why"),
+    [
+        ({"patches": "0001.patch"}, "`patches` is str, not a list"),
+        ({"patches": [1, 2]}, "`patches[0]` is 1, not an object with name and sha256 strings"),
+        ({"patches": [{"name": 5, "sha256": "0" * 64}]}, "`patches[0]` is {'name': 5"),
+        ({"vllm_version": "0.33.0"}, "`patches` is NoneType, not a list"),
+    ],
+)
+def test_a_stamp_of_another_shape_is_unreadable_not_a_traceback(stamp, why, tmp_path):
+    """Issue 39 class 4: a patch stamp whose `patches` is no list of objects."""
+    from flashnext.tools import report
+
+    f = judge(patched(stamp=stamp))
+    assert (f.level, f.measured) == ("fail", "unreadable patch stamp")
+    assert why in f.message
+    (tmp_path / report.STAMP_NAME).write_text(json.dumps(stamp))
+    applied = report.applied_patches(tmp_path, {"patches": []})
+    assert why in applied["unavailable"]

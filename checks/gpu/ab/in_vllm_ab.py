@@ -57,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+from card import card as card_now  # noqa: E402
 from logprob_compare import compare_runs  # noqa: E402
 from plan_settings import plan_env, plan_table  # noqa: E402
 
@@ -194,6 +195,7 @@ def host_facts(kit: Path) -> dict[str, Any]:
         "patches": [p["name"] for p in stamp["patches"]],
     }
     facts["note"] = "our pinned vLLM 0.33.0 on the host's torch, not the pinned torch 2.14"
+    facts["card"] = card_now()  # which card ran: an H200 call may get an H100
     return facts
 
 
@@ -336,6 +338,8 @@ def plan_record(plan: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     parser = engine_run_parser(__doc__.splitlines()[0])
+    # 5 at once ran on the H200; on an H100 (8 GiB start gate a process, not 14) what
+    # fits is not measured: lower it where vLLM refuses a start for free memory.
     parser.add_argument("--parallel", type=int, default=5)
     parser.add_argument(
         "--phase",

@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "what": "streaming bandwidth, best of repeats (checks/gpu/perf/hbm_bandwidth.py)",
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        # which card (an H200 call may get an H100): perf_contract matches runs to it
+        "device_memory_bytes": torch.cuda.get_device_properties(args.device).total_memory
+        if args.device.startswith("cuda")
+        else None,
         "torch": torch.__version__,
         "buffer_bytes": nbytes,
         "repeats": args.repeats,

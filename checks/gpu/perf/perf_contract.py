@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bytes_per_token import header_terms, reconcile
+from perf_cases import CUT
 from projection import (
     Links,
     MeasuredStep,
@@ -35,6 +37,7 @@ from projection import (
     project_3090,
     roofline_fraction,
 )
+from seed_config import seed_config
 
 # The launcher's speculative-step arithmetic (pure), so the measured figures
 # and the plan's paper projection count a round's tokens alike.
@@ -52,7 +55,8 @@ RANK_KEYS = (
     "cpu_ms", "ple_gather_us", "pcie_bytes_per_step", "start_peak_bytes",
     "serving_peak_bytes", "planned_bytes",
 )  # fmt: skip
-PROJECTION_KEYS = ("c1_tok_s", "c4_tok_s", "mtp1_c1_tok_s", "basis")
+PROJECTION_KEYS = ("c1_tok_s", "c4_tok_s", "mtp1_c1_tok_s", "basis", "seed_config")
+SEED_KEYS = ("c1_tok_s", "c4_tok_s", "within_15pct")
 CUT_KEYS = ("what", "before", "after")
 MTP_KEYS = (
     "mtp_k", "mode", "draft_ms", "h200_round_ms", "tokens_per_round", "h200_tok_s",
@@ -299,9 +303,7 @@ def mtp_rows(
 
 def cut_of(raws: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Issue 27 item 4: decode tok/s at c=4 before and after the cut
-    (pp3_perf.CUT: its two engines, run in the same run)."""
-    from pp3_perf import CUT
-
+    (perf_cases.CUT: its two engines, run in the same run)."""
     before, after, what = CUT
 
     def c4(name: str) -> float | None:
@@ -334,6 +336,8 @@ def build(
         projection["basis"] = None
     else:
         projection["basis"] = f"{gpu_time_basis(model, calibration)}; {projection['basis']}"
+    measured = {c: (_decode_case(raws.get("offload"), c) or {}).get("decode_tok_s") for c in (1, 4)}
+    projection["seed_config"] = seed_config(c1, c4, links, measured)
     doc = {
         "model": "full-size, dummy weights",
         "emulated": True,
@@ -344,6 +348,7 @@ def build(
         "projection_3090": {k: projection.get(k) for k in PROJECTION_KEYS},
         "cut": cut_of(raws),
         "mtp": mtp,
+        "bytes_per_token": reconcile(inputs["plans"]["0"], inputs["config"]),
         "start_memory": start_memory(raws.get("offload"), inputs["plans"]["0"]),
         "scheduler": scheduler_costs(raws.get("offload")),
         "time_sharing": {
@@ -381,6 +386,13 @@ def build(
             "start_memory": "the offload engine's start peaks per process (NVML, torch "
             "reserved and allocated) beside the plan's predicted start peak (start_peak)",
             "acceptance_rate": "the profile's (profiles/3x3090.toml [mtp]), not measured",
+            "seed_config": "the offload engine's steps projected by every rule "
+            "(projection.RULES; `rule` is the contract's) beside the field report's measured "
+            "80.0 and 152-155 tok/s (shared/SPEC.md); c4_over_c1: the H200 run's own decode "
+            "tok/s and the report's, both measured",
+            "bytes_per_token": "the plan's decode terms (flashnext plan --json decode.terms, "
+            "from the safetensors headers) beside the field report's 5.83 GB, which counts "
+            "the vision tower too (bytes_per_token.py)",
             "mtp": "per K at c=1: draft_ms the last rank's propose (CUDA events, median); "
             "h200_round_ms its decode period; tokens_per_round at the profile's acceptance "
             "(flashnext.plan.mtp_projection.tokens_per_step); h200_tok_s their ratio; "
@@ -425,6 +437,10 @@ def missing_paths(doc: dict[str, Any]) -> list[str]:
     for i, row in enumerate(doc["ranks"]):
         out += [f"ranks[{i}].{k}" for k in RANK_KEYS if row.get(k) is None]
     out += [f"projection_3090.{k}" for k in PROJECTION_KEYS if doc["projection_3090"][k] is None]
+    seed = doc["projection_3090"]["seed_config"]
+    out += [f"projection_3090.seed_config.{k}" for k in SEED_KEYS if seed[k] is None]
+    if doc["bytes_per_token"]["terms"] is None:
+        out.append("bytes_per_token.terms")
     out += [f"cut.{k}" for k in CUT_KEYS if doc["cut"][k] is None]
     ran = {row["mtp_k"]: row for row in doc["mtp"]}
     for k in MTP_KS:
@@ -439,12 +455,30 @@ def missing_paths(doc: dict[str, Any]) -> list[str]:
 
 def main(args) -> int:
     inputs = json.loads(args.inputs.read_text())
+    plan = inputs["plans"]["0"]
+    if args.model is not None and not plan["decode"].get("terms"):
+        plan["decode"]["terms"] = header_terms(args.model, plan)
     raws = {}
     for path in sorted(args.raw.glob(f"pp3_perf_raw-{args.run_id}-*.json")):
         raws[path.stem.removeprefix(f"pp3_perf_raw-{args.run_id}-")] = json.loads(path.read_text())
     calibration_path = args.calibration or args.raw / "shared_gpu_calibration.json"
     calibration = json.loads(calibration_path.read_text()) if calibration_path.exists() else None
-    doc = build(args.run_id, inputs, raws, json.loads(args.bandwidth.read_text()), calibration)
+    bandwidth = json.loads(args.bandwidth.read_text())
+    # The projection scales by the read bandwidth of the card that ran: an H200 call
+    # may get an H100, whose runs need that card's own measurement.
+    cards = {json.dumps(r.get("card"), sort_keys=True) for r in raws.values() if r.get("card")}
+    names = sorted({json.loads(c)["name"] for c in cards} - {None})
+    if names and names != [bandwidth.get("device")]:
+        print(
+            f"pp3_perf contract: the runs ran on {' and '.join(names)}, {args.bandwidth} was "
+            f"measured on {bandwidth.get('device')}: measure the same card (python3 "
+            "checks/gpu/perf/hbm_bandwidth.py --out FILE, in the same call) and pass it "
+            "with --bandwidth",
+            file=sys.stderr,
+        )
+        return 2
+    doc = build(args.run_id, inputs, raws, bandwidth, calibration)
+    doc["cards"] = [json.loads(c) for c in sorted(cards)]  # which card ran (each engine's)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dest = args.out_dir / f"pp3_perf-{args.run_id}.json"
     dest.write_text(json.dumps(doc, indent=1) + "\n")

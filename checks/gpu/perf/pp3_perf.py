@@ -35,7 +35,6 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +45,11 @@ sys.path.insert(0, str(HERE.parent / "pp3"))
 sys.path.insert(0, str(HERE.parent / "rank_fit"))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+from card import card as card_now  # noqa: E402
+from card import refusal  # noqa: E402
 from emulation import ONE_GPU_ENV, replicate_gpu  # noqa: E402
 from own_session import run_in_own_session  # noqa: E402
+from perf_cases import ENGINES, Engine, engines_named  # noqa: E402, F401 (one home: perf_cases)
 from plan_settings import flag_value, mtp_compilation, plan_env  # noqa: E402
 from rank_fit import HOST_ENV, TOKEN_RANGE, start_ballast, stop_ballast  # noqa: E402
 
@@ -65,43 +67,9 @@ PROFILE_TOKENS = 16
 # steps where one request's prefill chunks still take turns with decodes.
 PROFILE_SETTLE = {1: 1}
 PROFILE_SETTLE_DEFAULT = 6
-TTFT_48K = 48_000
 # Blocks to spare when a K the 3x3090 plan refuses gets a larger KV pool.
 KV_POOL_MARGIN_BLOCKS = 2
 NEW_TOKENS_AT_LIMIT = 2  # rank_fit's 262k case: max_model_len - 2 prompt tokens
-
-
-@dataclass(frozen=True)
-class Engine:
-    name: str
-    mode: str  # "offload": the plan's; "vram": QSA K/V in VRAM
-    mtp_k: int = 0
-    cases: tuple = ()  # ("decode", concurrency) | ("ttft", prompt_tokens or "limit")
-    # The cut's before: the profile's capture sizes alone, as the plan had them
-    # before flashnext.plan.decode_graphs (MTP's 3-4 request decodes ran eager).
-    profile_capture_sizes: bool = False
-
-
-MTP_DECODE = (("decode", 1), ("decode", 4))
-ENGINES = (
-    Engine("offload", "offload", 0, (("decode", 1), ("decode", 4), ("ttft", TTFT_48K))),
-    Engine("offload-262k", "offload", 0, (("ttft", "limit"),)),
-    Engine("vram", "vram", 0, (("decode", 1), ("decode", 4), ("ttft", TTFT_48K))),
-    *(Engine(f"mtp{k}", "offload", k, MTP_DECODE) for k in (1, 2, 3)),
-    Engine("mtp1-before", "offload", 1, MTP_DECODE, profile_capture_sizes=True),
-)
-# issue 27's cut, before and after in one run: (engine before, engine after, what)
-CUT = ("mtp1-before", "mtp1", "MTP K=1 decode graphs: capture sizes [1, 2, 4] -> [1, 2, 4, 8] "
-       "(flashnext.plan.decode_graphs: with the profile's alone a decode of 3-4 requests, 6-8 "
-       "tokens, had no graph and ran eager); decode tok/s at c=4")  # fmt: skip
-
-
-def engines_named(names: list[str] | None) -> list[Engine]:
-    known = {e.name: e for e in ENGINES}
-    unknown = [n for n in names or [] if n not in known]
-    if unknown:
-        raise SystemExit(f"pp3_perf: unknown engine(s) {unknown}; known: {list(known)}")
-    return [known[n] for n in names] if names else list(ENGINES)
 
 
 # --- prepare (the launcher's python) ---------------------------------------
@@ -366,7 +334,7 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
         stop_ballast(ballast)
     record = json.loads(out_path.read_text()) if out_path.exists() else {"ok": False}
     record |= {"exit": code, "wall_s": round(time.monotonic() - started, 1), "ballast": held,
-               "spec": spec,
+               "card": args.card, "spec": spec,
                "log_tail": log_path.read_text(errors="replace").splitlines()[-80:]}  # fmt: skip
     dest = args.out / f"pp3_perf_raw-{args.run_id}-{spec['engine']}.json"
     dest.write_text(json.dumps(record, indent=1) + "\n")
@@ -378,6 +346,14 @@ def launch(spec: dict[str, Any], args) -> dict[str, Any]:
 def run(args) -> int:
     args.inputs = json.loads((args.work / "inputs.json").read_text())
     specs = [spec_for(e, args.inputs) for e in engines_named(args.only)]
+    args.card = card_now()  # which card ran: an H200 call may get an H100
+    # The one card must hold three 3090s' free memory beside the ballast (ballast_free):
+    # 3 x 25,390,219,264 B = 70.9 GiB, which an idle H200 (140.4 GiB) or H100 (79.6
+    # GiB) has; a card that has less is refused here, by name, not by the ballast.
+    why = refusal(args.card, ballast_free(args.inputs), "pp3_perf (three 3090 ranks)")
+    if why and not args.dry_run:
+        print(f"pp3_perf: {why}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for spec in specs:
             print(json.dumps({"engine": spec["engine"], "argv": ["vllm", "serve", *spec["argv"]],
@@ -416,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out-dir", type=Path, default=HERE.parent / "results")
     c.add_argument("--bandwidth", type=Path,
                    default=HERE.parent / "results" / "hbm_bandwidth-h200-b1.json")  # fmt: skip
+    c.add_argument(
+        "--model",
+        type=Path,
+        help="the skeleton prepare made (WORK/model): bytes_per_token's terms from its "
+        "headers, for inputs whose plan predates decode.terms (p1, p2)",
+    )
     c.add_argument(
         "--calibration",
         type=Path,

@@ -159,36 +159,62 @@ class Links:
     link_3090_bytes_per_s: float = HOST_LINK_3090_BYTES_PER_S
 
 
-def project_step_ms(step: MeasuredStep, links: Links) -> dict[str, float]:
+# How a rank's H200 GPU time becomes a 3090's (README, "The projection's rules"):
+# "streaming" scales only the step's HBM bytes' streaming time and carries the rest of
+# the kernels' time over as measured; "bandwidth" (the rule before 2026-12-07) scales
+# all of it by the bandwidth ratio. RULE is the contract's; both are reported.
+RULES = ("streaming", "bandwidth")
+RULE = "streaming"
+
+
+def project_step_ms(step: MeasuredStep, links: Links, rule: str = RULE) -> dict[str, float]:
     """One rank's step on a 3090.
 
-    GPU: the busy time less the QSA host reads at the H200's pinned H2D rate
-    is taken as bandwidth-bound and scaled by H200 read / 3090 bandwidth, but
-    never below the step's HBM bytes at the 3090's bandwidth; the host reads
-    are added at the 3090's link. CPU: as measured (the host's CPU, not the
-    3090 machine's). The two are added: no overlap assumed."""
+    The QSA host reads come off the GPU time at the H200's pinned H2D rate and
+    go back on at the 3090's link. The rest of the GPU time (`device`):
+    - rule "streaming": the step's HBM bytes at the H200's measured read are
+      its streaming time; on a 3090 those bytes take bytes / its bandwidth,
+      and what is left of `device` (launches, small kernels' tails, the GPU
+      waiting on itself: time no bandwidth buys back) is carried over as
+      measured, a lower bound on a card with fewer, slower SMs;
+    - rule "bandwidth": all of `device` scaled by H200 read / 3090 bandwidth,
+      never below the step's bytes at the 3090's bandwidth.
+    CPU: as measured (the host's CPU, not the 3090 machine's). The parts are
+    added: no overlap assumed."""
+    if rule not in RULES:
+        raise ValueError(f"unknown projection rule {rule!r}; known: {RULES}")
     pcie_h200_ms = step.pcie_bytes / links.h200_h2d_bytes_per_s * 1e3
     device_ms = max(step.gpu_busy_ms - pcie_h200_ms, 0.0)
-    scaled = device_ms * links.h200_read_bytes_per_s / links.b3090_bytes_per_s
-    floor = step.hbm_bytes / links.b3090_bytes_per_s * 1e3
-    gpu_ms = max(scaled, floor) + step.pcie_bytes / links.link_3090_bytes_per_s * 1e3
-    return {"gpu_ms": gpu_ms, "cpu_ms": step.cpu_ms, "step_ms": gpu_ms + step.cpu_ms}
+    streaming_ms = step.hbm_bytes / links.b3090_bytes_per_s * 1e3
+    if rule == "streaming":
+        carried_ms = max(device_ms - step.hbm_bytes / links.h200_read_bytes_per_s * 1e3, 0.0)
+    else:
+        scaled = device_ms * links.h200_read_bytes_per_s / links.b3090_bytes_per_s
+        streaming_ms, carried_ms = max(scaled, streaming_ms), 0.0
+    gpu_ms = streaming_ms + carried_ms + step.pcie_bytes / links.link_3090_bytes_per_s * 1e3
+    return {"gpu_ms": gpu_ms, "streaming_ms": streaming_ms, "carried_ms": carried_ms,
+            "cpu_ms": step.cpu_ms, "step_ms": gpu_ms + step.cpu_ms}  # fmt: skip
 
 
-def round_ms(steps: list[MeasuredStep], links: Links) -> float:
+def round_ms(steps: list[MeasuredStep], links: Links, rule: str = RULE) -> float:
     """A token's way through the ranks on 3x3090: their projected steps in turn."""
-    return sum(project_step_ms(s, links)["step_ms"] for s in steps)
+    return sum(project_step_ms(s, links, rule)["step_ms"] for s in steps)
 
 
 def mtp_c1_tok_s(
-    verify: list[MeasuredStep], draft_ms: float, links: Links, tokens_per_round: float
+    verify: list[MeasuredStep],
+    draft_ms: float,
+    links: Links,
+    tokens_per_round: float,
+    rule: str = RULE,
 ) -> float:
     """c=1 with MTP on 3x3090: a round is each rank's verify step in turn and
-    the draft step on the last rank (its GPU time, scaled as GPU time is),
-    and yields tokens_per_round (at K drafts and acceptance a, the launcher's
-    mtp_projection.tokens_per_step)."""
-    ratio = links.h200_read_bytes_per_s / links.b3090_bytes_per_s
-    return tokens_per_round * 1e3 / (round_ms(verify, links) + draft_ms * ratio)
+    the draft step on the last rank, and yields tokens_per_round (at K drafts
+    and acceptance a, the launcher's mtp_projection.tokens_per_step). The
+    draft's GPU time: scaled whole under "bandwidth"; carried over as measured
+    under "streaming" (its bytes are not counted apart: a lower bound)."""
+    ratio = links.h200_read_bytes_per_s / links.b3090_bytes_per_s if rule == "bandwidth" else 1.0
+    return tokens_per_round * 1e3 / (round_ms(verify, links, rule) + draft_ms * ratio)
 
 
 def project_3090(
@@ -199,6 +225,7 @@ def project_3090(
     *,
     mtp1_draft_ms: float | None = None,
     acceptance_rate: float | None = None,
+    rule: str = RULE,
 ) -> dict[str, Any]:
     """tok/s on 3x3090 from each rank's measured step (one entry per rank).
 
@@ -210,19 +237,26 @@ def project_3090(
     (measured on the last rank, scaled like its GPU time)."""
 
     out: dict[str, Any] = {
-        "c1_tok_s": 1e3 / round_ms(c1, links) if c1 else None,
-        "c4_tok_s": 4e3 / round_ms(c4, links) if c4 else None,
+        "c1_tok_s": 1e3 / round_ms(c1, links, rule) if c1 else None,
+        "c4_tok_s": 4e3 / round_ms(c4, links, rule) if c4 else None,
         "mtp1_c1_tok_s": None,
     }
     if mtp1 and mtp1_draft_ms is not None and acceptance_rate is not None:
         # One draft token: the target's own token plus the draft when accepted.
-        out["mtp1_c1_tok_s"] = mtp_c1_tok_s(mtp1, mtp1_draft_ms, links, 1 + acceptance_rate)
-    out["basis"] = (
-        "per rank: (GPU busy - QSA host reads at the H200's measured pinned H2D "
-        f"{links.h200_h2d_bytes_per_s / 1e9:.1f} GB/s) x H200 measured read "
-        f"{links.h200_read_bytes_per_s / 1e9:.1f} GB/s / 3090 "
+        out["mtp1_c1_tok_s"] = mtp_c1_tok_s(mtp1, mtp1_draft_ms, links, 1 + acceptance_rate, rule)
+    gpu = (
+        f"the step's HBM bytes at the 3090's {links.b3090_bytes_per_s / 1e9:.0f} GB/s "
+        "(SPEC.md) + the rest of the GPU time (less those bytes at the H200's measured read "
+        f"{links.h200_read_bytes_per_s / 1e9:.1f} GB/s) carried over as measured"
+        if rule == "streaming"
+        else f"x H200 measured read {links.h200_read_bytes_per_s / 1e9:.1f} GB/s / 3090 "
         f"{links.b3090_bytes_per_s / 1e9:.0f} GB/s (SPEC.md; at least the step's HBM bytes "
-        "at that rate) + QSA host reads at the 3090's link "
+        "at that rate)"
+    )
+    out["basis"] = (
+        f"rule {rule}: per rank: (GPU busy - QSA host reads at the H200's measured pinned H2D "
+        f"{links.h200_h2d_bytes_per_s / 1e9:.1f} GB/s) -> {gpu} + QSA host reads at the "
+        "3090's link "
         f"{links.link_3090_bytes_per_s / 1e9:.1f} GB/s (profiles/3x3090.toml, field report) "
         "+ the host's critical time as measured on the H200 host (its last wait's end "
         "to its graph launch); ranks added in turn (no pipeline overlap; the PP "

@@ -50,7 +50,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "common"))
 
+from card import card as card_now  # noqa: E402
 from timeshare import Kernels, kernels_of, sharing  # noqa: E402
 
 MIB = 1 << 20
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "one process's kernel times beside spinning processes on one GPU "
         "(checks/gpu/perf/shared_gpu_calibration.py)",
         "torch": torch.__version__,
+        "card": card_now(),  # which card ran: an H200 call may get an H100
         "workload_mib": list(WORKLOAD_MIB),
         "repeats": REPEATS,
         "conditions": conditions,

@@ -20,11 +20,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
+import perf_cases  # noqa: E402
 import perf_contract  # noqa: E402
 import perf_engine  # noqa: E402
 import plan_settings  # noqa: E402
 import pp3_perf  # noqa: E402
 import projection  # noqa: E402
+import seed_config  # noqa: E402
 import step_probe  # noqa: E402
 from tiny_plan import in_vllm_last_json  # noqa: E402
 
@@ -210,7 +212,7 @@ def test_the_cuts_before_is_k1s_argv_with_the_profiles_capture_sizes_alone(input
     assert sizes == [[1, 2, 4], [1, 2, 4, 8]]
     assert before["overrides"]["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4]
     assert (before["mtp_k"], before["mode"]) == (1, "offload")
-    assert pp3_perf.CUT[:2] == ("mtp1-before", "mtp1")
+    assert perf_cases.CUT[:2] == ("mtp1-before", "mtp1")
 
 
 # vLLM 0.33.0's own `vllm serve` parser and config builder on each engine's argv, as
@@ -631,22 +633,47 @@ def test_projection_scales_device_time_and_moves_host_reads_to_the_3090_link():
     # made up: 10 ms busy of which 1 ms is 50 MB of host reads at 50 GB/s; 2 ms CPU.
     step = projection.MeasuredStep(gpu_busy_ms=10.0, cpu_ms=2.0, pcie_bytes=50_000_000,
                                    hbm_bytes=1_000_000_000)  # fmt: skip
-    got = projection.project_step_ms(step, FAKE_LINKS)
+    got = projection.project_step_ms(step, FAKE_LINKS, "bandwidth")
     # (10 - 1) ms x 4 = 36 ms (above the 1 GB / 1 TB/s = 1 ms floor) + 50 MB / 25 GB/s = 2 ms
     assert got["gpu_ms"] == pytest.approx(38.0)
     assert got["step_ms"] == pytest.approx(40.0)
     floor = projection.MeasuredStep(0.1, 0.0, 0, 5_000_000_000)  # made up: the floor binds
-    assert projection.project_step_ms(floor, FAKE_LINKS)["gpu_ms"] == pytest.approx(5.0)
+    assert projection.project_step_ms(floor, FAKE_LINKS, "bandwidth")["gpu_ms"] == pytest.approx(
+        5.0
+    )
+
+
+def test_streaming_rule_scales_the_bytes_and_carries_the_rest_over():
+    # made up: the same step. Its 1 GB streams in 0.25 ms at the H200's 4 TB/s and in
+    # 1 ms at the 3090's 1 TB/s; the other 8.75 ms of the 9 ms device time (launches,
+    # small kernels) carry over as measured; host reads 2 ms at the 3090's link.
+    step = projection.MeasuredStep(10.0, 2.0, 50_000_000, 1_000_000_000)
+    got = projection.project_step_ms(step, FAKE_LINKS)  # the contract's rule
+    assert projection.RULE == "streaming"
+    assert (got["streaming_ms"], got["carried_ms"]) == (pytest.approx(1.0), pytest.approx(8.75))
+    assert got["gpu_ms"] == pytest.approx(1.0 + 8.75 + 2.0)
+    assert got["step_ms"] == pytest.approx(13.75)
+    # All streaming on the H200 (1 GB in 0.25 ms): all of it scales, as under "bandwidth".
+    tight = projection.MeasuredStep(0.25, 0.0, 0, 1_000_000_000)
+    both = [projection.project_step_ms(tight, FAKE_LINKS, r)["gpu_ms"] for r in projection.RULES]
+    assert both == [pytest.approx(1.0), pytest.approx(1.0)]
+    with pytest.raises(ValueError, match="unknown projection rule"):
+        projection.project_step_ms(step, FAKE_LINKS, "compute")
 
 
 def test_projection_adds_the_ranks_in_turn_and_counts_mtp_acceptance():
     s = projection.MeasuredStep(2.5, 0.0, 0, 0)  # made up: 2.5 ms busy -> 10 ms on the 3090
-    out = projection.project_3090([s, s, s], [s, s, s], [s, s, s], FAKE_LINKS,
+    out = projection.project_3090([s, s, s], [s, s, s], [s, s, s], FAKE_LINKS, rule="bandwidth",
                                   mtp1_draft_ms=2.5, acceptance_rate=0.5)  # fmt: skip
     assert out["c1_tok_s"] == pytest.approx(1000 / 30)
     assert out["c4_tok_s"] == pytest.approx(4000 / 30)
     assert out["mtp1_c1_tok_s"] == pytest.approx(1.5 * 1000 / 40)
-    assert "no pipeline overlap" in out["basis"]
+    assert "no pipeline overlap" in out["basis"] and out["basis"].startswith("rule bandwidth")
+    # No bytes counted: "streaming" carries the 2.5 ms over, the draft's too.
+    kept = projection.project_3090([s, s, s], None, [s, s, s], FAKE_LINKS,
+                                   mtp1_draft_ms=2.5, acceptance_rate=0.5)  # fmt: skip
+    assert kept["c1_tok_s"] == pytest.approx(1000 / 7.5)
+    assert kept["mtp1_c1_tok_s"] == pytest.approx(1.5 * 1000 / 10)
     none = projection.project_3090([s], None, None, FAKE_LINKS)
     assert none["c4_tok_s"] is None and none["mtp1_c1_tok_s"] is None
 
@@ -743,6 +770,12 @@ def test_contract_has_exactly_the_issues_fields(inputs):
         row["hbm_bytes_per_step"] / 8e-3 / bandwidth["results"]["read"]["bytes_per_s"]
     )
     assert doc["projection_3090"]["c1_tok_s"] > 0
+    # The seed check is the offload engine's own projection, judged (made-up steps).
+    seed = doc["projection_3090"]["seed_config"]
+    assert seed["c1_tok_s"] == doc["projection_3090"]["c1_tok_s"]
+    assert seed["c4_tok_s"] == doc["projection_3090"]["c4_tok_s"]
+    assert isinstance(seed["within_15pct"], bool)
+    assert set(seed["by_rule"]) == {"streaming", "bandwidth"}
     # MTP did not run: its projection is null and listed; so is the cut.
     assert doc["projection_3090"]["mtp1_c1_tok_s"] is None
     assert {"projection_3090.mtp1_c1_tok_s", "cut.what", "cut.before", "cut.after"} <= set(
@@ -785,7 +818,7 @@ def test_contract_cut_is_c4_decode_before_and_after_in_the_same_run(inputs):
     raws = {name: _fake_raw(inputs, name, mtp_k=1) for name in ("mtp1-before", "mtp1")}
     raws["mtp1-before"]["cases"][1]["decode_tok_s"] = 20.0  # made up: c=4 eager
     cut = perf_contract.build("test", inputs, raws, bandwidth)["cut"]
-    assert (cut["before"], cut["after"]) == (20.0, 30.0) and cut["what"] == pp3_perf.CUT[2]
+    assert (cut["before"], cut["after"]) == (20.0, 30.0) and cut["what"] == perf_cases.CUT[2]
     alone = perf_contract.build("test", inputs, {"mtp1": raws["mtp1"]}, bandwidth)
     assert alone["cut"]["before"] is None and "cut.before" in alone["missing"]
     nothing = perf_contract.build("test", inputs, {}, bandwidth)["cut"]
@@ -834,6 +867,103 @@ def test_contract_leaves_null_what_was_not_measured(inputs):
     assert all(row["step_ms"] is None for row in empty["ranks"])
 
 
+# --- issue 40: the seed configuration and the bytes per token ------------------
+
+
+def test_seed_config_is_judged_against_the_field_report_by_hand():
+    assert seed_config.miss(80.0, 80.0, 80.0) == 0.0
+    assert seed_config.miss(68.0, 80.0, 80.0) == pytest.approx(0.15)
+    assert seed_config.miss(160.0, 152.0, 155.0) == pytest.approx(5 / 155)
+    assert seed_config.judged(80.0, None)["within_15pct"] is None
+    assert seed_config.judged(69.0, 150.0)["within_15pct"] is True
+    assert seed_config.judged(67.0, 150.0)["within_15pct"] is False
+
+
+def test_seed_config_projects_every_rule_and_names_the_one_that_misses():
+    """Made up (not results): each rank 4 ms of GPU time a step at c=1 for 1 GB, 8 ms
+    at c=4 for 2 GB. "streaming": 1 GB at the 3090's 1 TB/s (1 ms) + the 3.75 ms the
+    H200 did not spend streaming (4 - 1 GB at 4 TB/s) = 4.75 ms a rank, 14.25 a token:
+    70.2 tok/s, 12% under 80; c=4 4000 / (3 x (2 + 7.5)) = 140.4, 7.6% under 152.
+    "bandwidth": 4 ms x 4 = 16 ms a rank: 20.8 tok/s, the term that misses."""
+    c1 = [projection.MeasuredStep(4.0, 0.0, 0, 1_000_000_000)] * 3
+    c4 = [projection.MeasuredStep(8.0, 0.0, 0, 2_000_000_000)] * 3
+    seed = seed_config.seed_config(c1, c4, FAKE_LINKS, {1: 30.0, 4: 57.0})
+    assert (seed["rule"], seed["field_report_c1"], seed["field_report_c4"]) == (
+        "streaming", 80.0, [152.0, 155.0])  # fmt: skip
+    assert seed["c1_tok_s"] == pytest.approx(1000 / 14.25)
+    assert seed["c4_tok_s"] == pytest.approx(4000 / 28.5)
+    assert seed["within_15pct"] is True
+    assert seed["c1_ranks"][0] == {"gpu_ms": pytest.approx(4.75), "streaming_ms": 1.0,
+                                   "carried_ms": 3.75, "cpu_ms": 0.0,
+                                   "step_ms": pytest.approx(4.75)}  # fmt: skip
+    bandwidth = seed["by_rule"]["bandwidth"]
+    assert bandwidth["c1_tok_s"] == pytest.approx(1000 / 48) and bandwidth["within_15pct"] is False
+    assert seed["c4_over_c1"] == {"h200_emulation": pytest.approx(1.9),
+                                  "field_report": [1.9, 1.9375]}  # fmt: skip
+
+
+def test_seed_config_of_p1_projects_nothing_and_keeps_its_measured_ratio():
+    """p1 alone: no rank's GPU time apart (its profile summed annotations, NCCL's wait
+    and 6 prefill chunks, and kept no kernel intervals), so no rule can project the
+    seed configuration from it. What it measured directly, c=4 over c=1 decode tok/s
+    (66.2 / 34.8), lies inside the field report's 152-155 over 80."""
+    doc = _contract_of(json.loads(P1_RAW.read_text()))
+    seed = doc["projection_3090"]["seed_config"]
+    assert (seed["c1_tok_s"], seed["c4_tok_s"], seed["within_15pct"]) == (None, None, None)
+    assert {f"projection_3090.seed_config.{k}" for k in perf_contract.SEED_KEYS} <= set(
+        doc["missing"]
+    )
+    ratio = seed["c4_over_c1"]
+    assert ratio["h200_emulation"] == pytest.approx(1.902, abs=1e-3)
+    assert ratio["field_report"][0] <= ratio["h200_emulation"] <= ratio["field_report"][1]
+    # p1's plan predates decode.terms: the bytes are the plan's, the terms missing.
+    assert doc["bytes_per_token"]["plan"] == 4_937_480_040
+    assert doc["bytes_per_token"]["terms"] is None and "bytes_per_token.terms" in doc["missing"]
+
+
+def test_bytes_per_token_reconciles_the_field_report_from_the_plans_terms(inputs):
+    bandwidth = json.loads(BANDWIDTH.read_text())
+    doc = perf_contract.build("test", inputs, {}, bandwidth)["bytes_per_token"]
+    assert (doc["plan"], doc["field_report"]) == (4_937_480_040, 5.83e9)
+    rows = {r["name"]: r for r in doc["terms"]}
+    assert sum(r["plan"] for r in rows.values()) == doc["plan"]
+    # The report's dense is the plan's plus the vision tower, whole; its experts ours.
+    assert rows["vision_tower"]["field_report"] == rows["vision_tower"]["stored_bytes"]
+    assert doc["field_report_reconstructed"] - doc["plan"] == rows["vision_tower"]["stored_bytes"]
+    assert doc["reconciled"] is True and "plan's figure stands" in doc["verdict"]
+    # 36 GDN layers x 2 x (48 x 128 x 128 x 4 B + 10,240 x 3 x 2 B), counted by neither
+    gdn = rows["gdn_state"]
+    assert gdn["a_token_reads"] == 36 * 2 * (48 * 128 * 128 * 4 + 10_240 * 3 * 2)
+    assert gdn["plan"] == gdn["field_report"] == 0
+
+
+def test_contract_takes_the_terms_from_the_skeleton_for_a_plan_without_them(work, tmp_path):
+    """p1's and p2's plans predate decode.terms: `contract --model` counts them from the
+    skeleton's headers, and refuses a checkpoint that is not the plan's."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    out = subprocess.run(
+        [sys.executable, str(HERE / "pp3_perf.py"), "contract", "h200-p1", "--inputs",
+         str(P1_INPUTS), "--raw", str(raw), "--out-dir", str(tmp_path), "--model",
+         str(work / "model")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "pp3_perf-h200-p1.json").read_text())
+    assert doc["bytes_per_token"]["reconciled"] is True
+    inputs = json.loads(P1_INPUTS.read_text())
+    inputs["plans"]["0"]["decode"]["bytes_per_token"] += 1  # not this checkpoint's plan
+    (tmp_path / "other.json").write_text(json.dumps(inputs))
+    bad = subprocess.run(
+        [sys.executable, str(HERE / "pp3_perf.py"), "contract", "x", "--inputs",
+         str(tmp_path / "other.json"), "--raw", str(raw), "--out-dir", str(tmp_path / "no"),
+         "--model", str(work / "model")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "pass the skeleton prepare made" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "no").exists()
+
+
 def test_memory_sampler_keeps_each_kinds_peak_per_phase(monkeypatch):
     for switch in ("FLASHNEXT_PP_ONE_GPU", "FLASHNEXT_PERF_3090_KERNELS", "FLASHNEXT_PERF_MEMORY"):
         monkeypatch.delenv(switch, raising=False)
@@ -853,3 +983,35 @@ def test_memory_sampler_keeps_each_kinds_peak_per_phase(monkeypatch):
         "reserved": 2,
         "allocated": 1,
     }
+
+
+def test_the_contract_takes_the_bandwidth_of_the_card_that_ran(tmp_path, capsys):
+    """A call for the H200 may get an H100: its runs are projected only by that
+    card's own measured bandwidth; p1's raw file with each card's record (card.py)."""
+    raw = json.loads(P1_RAW.read_text())
+    h200 = {"name": "NVIDIA H200", "memory_total_bytes": 143771 << 20}
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20}
+    out = tmp_path / "out"
+    for card, code in ((h100, 2), (h200, 0)):
+        raws = tmp_path / card["name"].replace(" ", "_")
+        raws.mkdir()
+        (raws / "pp3_perf_raw-p1-offload.json").write_text(json.dumps(raw | {"card": card}))
+        argv = ["contract", "p1", "--inputs", str(P1_INPUTS), "--raw", str(raws),
+                "--out-dir", str(out), "--bandwidth", str(BANDWIDTH)]  # fmt: skip
+        assert pp3_perf.main(argv) == code
+    assert (
+        "the runs ran on NVIDIA H100 80GB HBM3, " + str(BANDWIDTH) + " was measured on NVIDIA H200"
+    ) in capsys.readouterr().err
+    assert json.loads((out / "pp3_perf-p1.json").read_text())["cards"] == [h200]
+
+
+def test_run_refuses_a_card_without_three_3090s_of_free_memory(work, monkeypatch, capsys):
+    busy = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20,
+            "memory_free_bytes": 40000 << 20}  # fmt: skip
+    monkeypatch.setattr(pp3_perf, "card_now", lambda: busy)
+    argv = ["run", "t", "--work", str(work), "--out", str(work / "o"), "--raw", str(work / "r"),
+            "--only", "offload"]  # fmt: skip
+    assert pp3_perf.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "pp3_perf: pp3_perf (three 3090 ranks) needs 70.9 GiB free on one card" in err
+    assert not (work / "r").exists()  # refused before anything ran

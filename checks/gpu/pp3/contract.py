@@ -32,7 +32,8 @@ sys.path.insert(0, str(HERE))
 from orchestrate import EQUALITY_MODES, EXPECTED_CATCH, compare, judge_all  # noqa: E402
 
 TORCH_NOTE = (
-    "our pinned vLLM 0.33.0 on the H200 host's torch 2.11.0+cu130, not the pinned torch 2.14"
+    "our pinned vLLM 0.33.0 on the lent GPU host's torch 2.11.0+cu130 (the card: `card`), "
+    "not the pinned torch 2.14"
 )
 # key -> (mode, new tokens per request)
 PP3_COMPARISONS = {f"pp3-{m.name}": (m, 8) for m in EQUALITY_MODES} | {
@@ -48,7 +49,10 @@ RUN_KEYS = ("run_id", "devices", "emulated", "profile", "plan_hash", "compare_sh
 
 def _run_stamp(result: dict[str, Any]) -> dict[str, Any]:
     series = (result.get("series") or {}).get("series_sha256")
-    return {key: result.get(key) for key in RUN_KEYS} | {"series_sha256": series}
+    # One kind of card: a spread measured on one does not bound another's comparisons
+    # (None: a call made before results named their card).
+    card = (result.get("card") or {}).get("name")
+    return {key: result.get(key) for key in RUN_KEYS} | {"series_sha256": series, "card": card}
 
 
 def merged(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
@@ -64,7 +68,7 @@ def merged(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
                 raise SystemExit(
                     f"contract: {path} is not of {first_path}'s run: its {key} is {value!r}, "
                     f"not {stamp[key]!r}. Give the equality results of one run id, "
-                    "made by one kit and one compare.py."
+                    "made by one kit and one compare.py on one kind of card."
                 )
     here = hashlib.sha256(Path(compare.__file__).read_bytes()).hexdigest()
     if stamp["compare_sha256"] not in (None, here):  # None: made before the stamp
@@ -81,7 +85,11 @@ def merged(results: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
     one["cuda_launch_blocking"] = any(r["cuda_launch_blocking"] for _, r in results)
     one["verdicts"] = judge_all(one["comparisons"])
     one["calls"] = [
-        {"file": str(path), "engines": sorted(result.get("engines", {}))}
+        {
+            "file": str(path),
+            "engines": sorted(result.get("engines", {})),
+            "card": result.get("card"),
+        }
         for path, result in results
     ]
     return one
@@ -138,6 +146,7 @@ def common(equality: dict[str, Any], commands: list[str]) -> dict[str, Any]:
     return {
         "run_id": equality["run_id"],
         "devices": equality["devices"],
+        "card": equality.get("card"),  # the first call's; every call's is in `calls`
         "emulated": equality["emulated"],
         "series_sha256": series.get("series_sha256"),
         "patches": series.get("patches"),

@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "common"))
 
 import compare  # noqa: E402
+from card import card as card_now  # noqa: E402
 from compare import (  # noqa: E402
     boundary_paths,
     compare_runs,
@@ -50,6 +51,14 @@ from compare import (  # noqa: E402
 from emulation import ONE_GPU_ENV, SHIM_DIR  # noqa: E402
 from own_session import run_in_own_session  # noqa: E402
 from plan_settings import plan_env  # noqa: E402
+
+# Engines at once (--parallel; a PP=3 engine is three processes). Each process's
+# start gate wants the plan's gpu_memory_utilization (0.1) of the card free: 14 GiB
+# of an H200, 8 GiB of an H100. 10 ran together on the H200 (e2-e4); on an H100 at
+# most 3 have (issue 42's probe), and what fits there is not measured: an engine
+# refused with vLLM's "Free memory on device ... is less than desired GPU memory
+# utilization" asks for a lower --parallel, and the result's `card` says which ran.
+PARALLEL = 10
 
 ERROR_LINE = re.compile(
     r"Assertion|index out of bounds|illegal memory|CUDA error|RuntimeError"
@@ -541,7 +550,7 @@ def main() -> int:
         help="an earlier call's equality result whose spreads to use (its machine was lost)",
     )
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--parallel", type=int, default=10)
+    parser.add_argument("--parallel", type=int, default=PARALLEL, help="engines at once")
     parser.add_argument("--timeout", type=int, default=420)
     parser.add_argument("--only", nargs="*", help="engine names to run (default: all of the phase)")
     parser.add_argument("--cases", nargs="*", help="TOKENSxBATCH cases instead of each engine's")
@@ -554,6 +563,7 @@ def main() -> int:
         "run_id": args.run_id,
         "emulated": True,
         "devices": 1,
+        "card": card_now(),  # which card ran: an H200 call may get an H100
         "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"),
         "series": _series_stamp(args.kit),
         # The comparison and its judge: the contract merges only calls of one.

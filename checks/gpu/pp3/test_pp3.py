@@ -371,6 +371,28 @@ def test_the_calls_of_one_run_on_two_machines_are_judged_as_one(tmp_path):
         contract.main([str(older), "--command", "c", "--out-dir", str(out)])
 
 
+def test_calls_on_two_kinds_of_card_are_not_one_run(tmp_path):
+    """A call for the H200 may get an H100: its spreads do not bound the H200's
+    comparisons, so the contract refuses to merge them; one card's calls merge, and
+    the result names the card of each (card.py's record, as nvidia-smi showed them)."""
+    import contract
+
+    eager = f"pp1-{orchestrate.EAGER.name}"
+    pair = {"ref": eager, "other": "pp1-eager-offload", "cases": {}}
+    h200 = {"name": "NVIDIA H200", "memory_total_bytes": 143771 << 20}
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 81559 << 20}
+    first = _call(tmp_path, "a", {"spread": pair | {"other": f"{eager}-again"}}, card=h200)
+    same = _call(tmp_path, "b", {"ab-offload": pair}, card=h200)
+    other = _call(tmp_path, "c", {"ab-offload": pair}, card=h100)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="its card is 'NVIDIA H100 80GB HBM3', not 'NVIDIA H200'"):
+        contract.main([str(first), str(other), "--command", "c", "--out-dir", str(out)])
+    assert contract.main([str(first), str(same), "--command", "c", "--out-dir", str(out)]) == 0
+    written = json.loads((out / "pp3-t1.json").read_text())
+    assert written["card"] == h200 and [c["card"] for c in written["calls"]] == [h200, h200]
+    assert json.loads((out / "layer_ab-t1.json").read_text())["card"] == h200
+
+
 def test_a_call_on_a_fresh_machine_takes_every_spread_of_an_earlier_call(tmp_path):
     earlier = tmp_path / "pp3_equality-t1.json"
     spreads = {key: {"ref": key, "cases": {}} for key in orchestrate.SPREAD_KEYS}

@@ -188,8 +188,9 @@ def kernel_choices(log_lines: list[str]) -> list[str]:
 def host_facts() -> dict[str, Any]:
     probe = (
         "import json, torch, triton; print(json.dumps({'torch': torch.__version__, "
-        "'triton': triton.__version__, 'gpu': torch.cuda.get_device_name(0)}))"
-    )
+        "'triton': triton.__version__, 'gpu': torch.cuda.get_device_name(0), "
+        "'gpu_memory_bytes': torch.cuda.get_device_properties(0).total_memory}))"
+    )  # the card that ran (an H200 call may get an H100) and its memory, as torch has it
     out = subprocess.run(["python3", "-c", probe], capture_output=True, text=True, check=False)
     facts = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
     facts["note"] = "our pinned vLLM 0.33.0 on the host's torch, not the pinned torch 2.14"

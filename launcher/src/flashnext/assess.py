@@ -19,7 +19,8 @@ from flashnext.facts.model import (
     read_model_facts,
 )
 from flashnext.facts.model_derived import ple_table_shape
-from flashnext.facts.schema import HostFacts, ModelFacts, VllmEnvFacts, host_facts_from_file
+from flashnext.facts.plausible import replayed_facts
+from flashnext.facts.schema import HostFacts, ModelFacts, VllmEnvFacts
 from flashnext.plan.command import ServeCommand, serve_command
 from flashnext.plan.partition import PartitionError
 from flashnext.plan.planner import Plan, PlanError, PlanOptions, plan
@@ -45,7 +46,7 @@ class Assessment:
 def load_facts(facts_file: str | None, options: PlanOptions) -> HostFacts:
     """Replay a facts file, or probe this host for the paths and port in `options`."""
     if facts_file is not None:
-        return host_facts_from_file(facts_file)
+        return replayed_facts(facts_file)
     from flashnext.facts.collect import collect_host_facts  # the only probing import
 
     storage = {

@@ -48,3 +48,25 @@ def unreadable(path: str | os.PathLike[str], exc: OSError) -> tuple[str, str] | 
         f"make it readable for {user} (`chmod a+r {quoted}`, or `chown {user} {quoted}`), or "
         f"run flashnext as its owner ({owner})",
     )
+
+
+def not_a_file(path: str | os.PathLike[str]) -> str | None:
+    """Why `path` is no regular file, in words a person can act on: a symlink loop, a
+    link to nothing, a FIFO, device or directory; None when it does not exist at all
+    (the caller's "missing" message stands) or is a regular file."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            quoted = shlex.quote(str(path))
+            return f"{path}: a symlink loop (it never reaches a file): `ls -l {quoted}`"
+        if exc.errno == errno.ENOENT:
+            return f"{path}: a symlink to {os.readlink(path)!r}, which does not exist"
+        return f"{path}: cannot be examined ({exc.strerror})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+            else "a device or socket")  # fmt: skip
+    return f"{path}: {kind}, not a regular file"

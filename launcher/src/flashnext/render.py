@@ -63,6 +63,24 @@ def write_fix_lines(fixes: Sequence[tuple[str, str]], prog: str = "flashnext") -
     sys.stdout.flush()
 
 
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 10_000_000 else f"{n:,} B"
+
+
+def speed_rows(profile: str) -> list[tuple[str, str, str]]:
+    """The serving speed's rows: the figures of a named, dated run, or none yet."""
+    from flashnext.plan import speed_basis
+
+    basis = speed_basis.basis_for(profile)
+    if basis is None:
+        why = "no run has measured this profile; flashnext bench measures it here"
+        return [("decode tok/s, c=1 / c=4", speed_basis.NO_BASIS, why)]
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    return [("decode tok/s, c=1 / c=4",
+             f"{fmt(basis.decode_c1_tok_s)} / {fmt(basis.decode_c4_tok_s)}",
+             speed_basis.describe(basis))]  # fmt: skip
+
+
 def render_plan(plan: Any, command: Any) -> None:
     """The plan for people: ranks, KV and host pools, roofline, then the command."""
     from flashnext.plan.command import shell_line
@@ -136,15 +154,32 @@ def render_plan(plan: Any, command: Any) -> None:
         (
             "decode bytes/token",
             f"{d.bytes_per_token / 1e9:.2f} GB",
-            f"dense {d.dense_bytes / 1e9:.2f} + experts {d.experts_per_token}/{d.num_experts}",
+            f"dense {d.dense_bytes / 1e9:.2f} + experts {d.experts_per_token}/{d.num_experts}: "
+            "the terms counted below",
         ),
         (
             "roofline (1 stream)",
             f"{d.tokens_per_s:.0f} tok/s",
-            f"{d.bandwidth_bytes_per_s / 1e9:.0f} GB/s per card",
+            f"{d.bandwidth_bytes_per_s / 1e9:.0f} GB/s per card: a bound, not a measurement",
         ),
+        *speed_rows(plan.profile),
     ]
     render_table("memory and speed", ["what", "value", "why"], rows)
+    render_table(
+        "decode reads per token (safetensors headers)",
+        ["term", "stored", "a token reads", "roofline", "where", "why"],
+        [
+            (
+                t.name,
+                _bytes(t.stored_bytes),
+                _bytes(t.bytes_per_token),
+                "counted" if t.counted else "left out",
+                t.where,
+                t.why,
+            )
+            for t in d.terms
+        ],  # fmt: skip
+    )
     for note in plan.notes:
         console().print(f"note: {note}")
     for key, why in sorted(plan.env_reasons.items()):

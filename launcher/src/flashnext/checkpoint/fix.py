@@ -112,12 +112,25 @@ def fixed_quantization_config(
     return qcfg, notes
 
 
+def _read_config_text(path: Path) -> tuple[str, dict[str, Any]]:
+    """(text, object) of a checkpoint JSON file, read bounded like every input."""
+    from flashnext.facts.jsonfile import MAX_CONFIG_BYTES, JsonFileError, parse_json, read_bounded
+
+    try:
+        raw = read_bounded(path, "model config", MAX_CONFIG_BYTES)
+        doc = parse_json(raw, str(path), "model config")
+    except JsonFileError as exc:
+        raise CheckpointError(f"{exc}; re-download it from the checkpoint") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: not a JSON object; re-download it from the checkpoint")
+    return raw.decode("utf-8"), doc
+
+
 def plan_fix(model: ModelFacts, sampling: Mapping[str, Any] | None = None) -> FixPlan:
     """Everything `fix` would write, as text, without touching the disk."""
     root = Path(model.path)
     plan = FixPlan(root)
-    config_text = (root / CONFIG_FILE).read_text()
-    config = json.loads(config_text)
+    config_text, config = _read_config_text(root / CONFIG_FILE)
     if (
         model.quantization_config
         and model.quantization_config.get("quant_method") == "compressed-tensors"
@@ -134,7 +147,7 @@ def plan_fix(model: ModelFacts, sampling: Mapping[str, Any] | None = None) -> Fi
     gen_path = root / GENERATION_CONFIG_FILE
     gen = model.generation_config
     if sampling:
-        old_text = gen_path.read_text() if gen_path.exists() else ""
+        old_text = _read_config_text(gen_path)[0] if gen_path.exists() else ""
         new = dict(gen or {})
         new.update(sampling)
         if new != (gen or {}):

@@ -24,6 +24,7 @@ from flashnext.facts.model_derived import (
     VLLM_SAMPLING_KEYS,
     sampling_keys_present,
     sampling_keys_restoring_nothing,
+    sampling_value_problems,
 )
 from flashnext.facts.schema import ModelFacts
 from flashnext.facts.scheme_map import SchemeMap, vllm_name
@@ -68,21 +69,47 @@ def _kind(name: str) -> str:
     return re.sub(r"\.\d+(?=\.|$)", ".N", name)
 
 
+QUANT_METHOD = "compressed-tensors"  # what this kit's checkpoint is, and all it checks
+
+
+def quant_method_problem(model: ModelFacts) -> str | None:
+    """Why vLLM would misread the stored weights: tensors packed as compressed-tensors
+    stores them, but no quantization_config, or one of another method; None if not."""
+    qcfg = model.quantization_config or {}
+    method = qcfg.get("quant_method")
+    if method == QUANT_METHOD:
+        return None
+    packed = next((t.name for t in model.tensors if t.name.endswith(".weight_packed")), None)
+    if packed is None:
+        return None  # nothing packed: an unquantized checkpoint has nothing to misread
+    said = f"quant_method {method!r}" if qcfg else "no quantization_config"
+    return (f"config.json has {said}, but the tensors are packed as {QUANT_METHOD} "
+            f"stores them ({packed}, ...): vLLM would load them as the wrong format")  # fmt: skip
+
+
 def check_quantization(
     model: ModelFacts,
     report: CheckReport,
     stored: tuple[list[StoredModule], list[str]] | None = None,
 ) -> list[StoredModule]:
     qcfg = model.quantization_config
-    if not qcfg:
-        report.findings.append(
-            _finding("quantization", "ok", "no quantization_config: nothing to resolve")
-        )
+    wrong_method = quant_method_problem(model)
+    if wrong_method:
+        report.findings.append(_finding(
+            "quantization", "fail", wrong_method,
+            "restore config.json from the published checkpoint",
+        ))  # fmt: skip
         return []
-    if qcfg.get("quant_method") != "compressed-tensors":
+    if not qcfg:
+        report.findings.append(_finding(
+            "quantization", "ok", "no quantization_config and no packed tensors: nothing "
+            "to resolve",
+        ))  # fmt: skip
+        return []
+    if qcfg.get("quant_method") != QUANT_METHOD:
         report.findings.append(_finding(
             "quantization", "warn",
-            f"quant_method {qcfg.get('quant_method')!r}: only compressed-tensors is checked",
+            f"quant_method {qcfg.get('quant_method')!r}: only {QUANT_METHOD} is checked",
         ))  # fmt: skip
         return []
     fix_cmd = f"flashnext checkpoint fix --model {model.path}"
@@ -203,7 +230,15 @@ def check_generation_config(model: ModelFacts, report: CheckReport) -> None:
         return
     present = sampling_keys_present(model.generation_config)
     neutral = sampling_keys_restoring_nothing(model.generation_config)
-    if not present:
+    refused = sampling_value_problems(model.generation_config)
+    if refused:
+        report.findings.append(_finding(
+            "generation-config", "fail",
+            f"{GENERATION_CONFIG_FILE}: {'; '.join(refused)}: vLLM refuses such a default, so "
+            "every request that relies on it fails",
+            fix,
+        ))  # fmt: skip
+    elif not present:
         sets = (
             f"sets only {neutral}, which restore nothing"
             if neutral

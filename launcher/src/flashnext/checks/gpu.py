@@ -12,7 +12,7 @@ from flashnext.units import gib
 
 def gpus(inp: PreflightInput) -> Iterator[Finding]:
     gpu, spec = inp.facts.gpu, inp.profile.gpu
-    want = f"{spec.count}x {spec.name}"
+    want = f"{spec.count}x {spec.label}"
     if not gpu.nvml_available:
         yield Finding(
             "gpu.nvml",
@@ -181,8 +181,10 @@ def _gpu_device(d, inp: PreflightInput) -> Iterator[Finding]:
             "fail",
             gib(d.memory_total_bytes),
             f">= {gib(spec.min_memory_bytes)}",
-            f"GPU {d.index} has {gib(d.memory_total_bytes)}, the plan needs a 24 GB card",
-            "use 24 GB cards (RTX 3090/4090 class) or a profile for your cards",
+            f"GPU {d.index} has {gib(d.memory_total_bytes)}; profile {inp.profile.name} "
+            f"needs {spec.label} cards of at least {gib(spec.min_memory_bytes)}",
+            f"run on whole {spec.label} cards (not a MIG slice), or pick a --profile for "
+            "your cards",
             measured_bytes=d.memory_total_bytes,
             required_bytes=spec.min_memory_bytes,
         )

@@ -7,12 +7,14 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
+from flashnext.checks.checkpoint_metadata import QUANT_METHOD, quant_method_problem
 from flashnext.checks.finding import Finding
 from flashnext.checks.inputs import PreflightInput, _ok
 from flashnext.facts.model_derived import (
     VLLM_SAMPLING_KEYS,
     sampling_keys_present,
     sampling_keys_restoring_nothing,
+    sampling_value_problems,
 )
 from flashnext.facts.scheme_map import SchemeMap
 
@@ -86,8 +88,18 @@ def _quant_groups(inp: PreflightInput) -> Iterator[Finding]:
 
     qcfg = inp.model.quantization_config or {}
     groups = qcfg.get("config_groups") or {}
+    wrong_method = quant_method_problem(inp.model)
     shared = SchemeMap.from_config(qcfg).duplicates
-    if shared:
+    if wrong_method:
+        yield Finding(
+            "model.quant_groups",
+            "fail",
+            f"quant_method {qcfg.get('quant_method')!r}" if qcfg else "no quantization_config",
+            QUANT_METHOD,
+            wrong_method,
+            "restore config.json from the published checkpoint",
+        )
+    elif shared:
         target, names = next(iter(sorted(shared.items())))
         yield Finding(
             "model.quant_groups",
@@ -111,6 +123,12 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
     if inp.generation_config_dir:
         yield from _given_generation_config(inp)
         return
+    refused = sampling_value_problems(inp.model.generation_config)
+    if refused:
+        fix = (f"flashnext checkpoint fix --model {inp.model_dir} --generation-config-from "
+               "<dir of the original release>")  # fmt: skip
+        yield _refused_sampling("generation_config.json", refused, fix)
+        return
     present = sampling_keys_present(inp.model.generation_config)
     if present:
         yield _ok("model.sampling", ", ".join(present), "sampling keys", "defaults present")
@@ -133,6 +151,19 @@ def _sampling_keys(inp: PreflightInput) -> Iterator[Finding]:
     )
 
 
+def _refused_sampling(source: str, refused: list[str], fix: str) -> Finding:
+    """Sampling defaults vLLM refuses: every request relying on one would fail."""
+    return Finding(
+        "model.sampling",
+        "fail",
+        "; ".join(refused),
+        "values vLLM accepts",
+        f"{source}: {'; '.join(refused)}: vLLM refuses such a default, so every request that "
+        "relies on it fails",
+        fix,
+    )
+
+
 def _given_generation_config(inp: PreflightInput) -> Iterator[Finding]:
     """--generation-config DIR replaces the checkpoint's own: judge DIR's file."""
     given = inp.generation_config_dir
@@ -150,6 +181,10 @@ def _given_generation_config(inp: PreflightInput) -> Iterator[Finding]:
             f"{inp.generation_config_error}: vLLM would serve without sampling defaults",
             fix,
         )
+        return
+    refused = sampling_value_problems(inp.generation_config)
+    if refused:
+        yield _refused_sampling(f"--generation-config {given}", refused, fix)
         return
     present = sampling_keys_present(inp.generation_config)
     if present:

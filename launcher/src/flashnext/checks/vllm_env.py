@@ -9,6 +9,7 @@ from flashnext import VLLM_VERSION
 from flashnext.checkout import BUILD_DOWNLOAD_TEXT, BUILD_INSTALLED_TEXT
 from flashnext.checks.finding import Finding
 from flashnext.checks.inputs import PreflightInput, _ok
+from flashnext.facts.vllm_env import stamp_problem
 
 
 def vllm_env(inp: PreflightInput) -> Iterator[Finding]:
@@ -62,13 +63,14 @@ def vllm_env(inp: PreflightInput) -> Iterator[Finding]:
             use_pinned,
         )
         return
-    if env.stamp_error:
+    stamp_error = env.stamp_error or (env.stamp is not None and stamp_problem(env.stamp))
+    if stamp_error:
         yield Finding(
             "vllm.env",
             "fail",
             "unreadable patch stamp",
             required,
-            f"{env.package_dir}/_flashnext_patches.json cannot be read: {env.stamp_error}",
+            f"{env.package_dir}/_flashnext_patches.json cannot be read: {stamp_error}",
             use_pinned,
         )
         return

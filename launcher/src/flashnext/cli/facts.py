@@ -41,6 +41,8 @@ def facts_command(
     storage = {role: p for role, p in (("table", table_path), ("model", model_dir)) if p}
     facts = collect_host_facts(storage, [(host, port)])
     if out:
+        _refuse_inputs(out, model_dir, table_path)
+        _refuse_non_utf8(facts)
         directory = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(directory):
             raise click.BadParameter(
@@ -58,3 +60,39 @@ def facts_command(
         render_table(title, columns, rows)
     if out:
         click.echo(f"facts written to {out}")
+
+
+def _refuse_inputs(out: str, model_dir: str | None, table_path: str | None) -> None:
+    from flashnext.input_files import OutputClash, refuse_input_paths
+
+    try:
+        refuse_input_paths(out, model_dir, table_path, "facts --out")
+    except OutputClash as exc:
+        raise FlashnextError(exc.message, exc.fix) from None
+
+
+def _refuse_non_utf8(facts) -> None:
+    """A facts file is JSON, which carries only Unicode: a path that is not valid UTF-8
+    (kept by Python as lone surrogates) would be written, then refused by --facts."""
+    import os
+
+    from flashnext.facts.schema import to_jsonable
+
+    stack = [to_jsonable(facts)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(item).decode("utf-8", "backslashreplace")
+                raise FlashnextError(
+                    f"{shown} is not valid UTF-8, which a facts file (JSON) cannot carry: "
+                    "nothing was written",
+                    "give the directory a UTF-8 name, or point --model/--table at a symlink "
+                    "with one (`ln -s OLD /models/flash-next`)",
+                ) from None

@@ -169,7 +169,7 @@ def plan_cmd(as_json: bool, **kw) -> None:
     if kw["profile_name"] and a.facts.gpu.devices and not a.profile.matches(a.facts):
         seen = ", ".join(sorted({d.name for d in a.facts.gpu.devices}))
         raise FlashnextError(
-            f"profile {a.profile.name} is for {a.profile.gpu.count}x {a.profile.gpu.name}, "
+            f"profile {a.profile.name} is for {a.profile.gpu.count}x {a.profile.gpu.label}, "
             f"the facts show {len(a.facts.gpu.devices)}x {seen}; drop --profile or pass "
             "--facts recorded on the serving host"
         )

@@ -376,6 +376,12 @@ def report_cmd(as_json: bool, out_file: str | None, vllm_python: str | None, **k
     if out_file is None:
         emit_json(doc)
         return
+    from flashnext.input_files import OutputClash, refuse_input_paths
+
+    try:
+        refuse_input_paths(out_file, kw["model_dir"], kw["table_path"], "report --out")
+    except OutputClash as exc:
+        raise FlashnextError(exc.message, exc.fix) from None
     try:
         r.write_report(Path(out_file), json.dumps(doc, sort_keys=True, indent=2) + "\n")
     except OSError as exc:

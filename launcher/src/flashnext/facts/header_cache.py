@@ -1,5 +1,8 @@
 """A cache of what the checkpoint's headers said, so a second `flashnext plan` reads no
-header: keyed by each file's path, size and mtime (the index and every shard).
+header: keyed by each file's path, size, mtime, ctime and inode (the index and every
+shard). mtime alone can be put back after a rewrite in place (`touch -d`, `cp -p`,
+os.utime); ctime cannot be set from user space, and a file replaced by rename is
+another inode, so neither rewrite is vouched for by an old entry.
 
 Stored under $XDG_CACHE_HOME/flashnext/model-headers/ (default ~/.cache), one JSON
 file per checkpoint directory: per shard its header length, tensor count and the
@@ -21,7 +24,7 @@ from typing import Any
 from flashnext.atomic import write_text_atomic
 
 # Bump when the reader's checks or tensor_class change: older entries are then ignored.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keys hold ctime and inode
 # A file modified this recently may change again within the filesystem's timestamp
 # granularity without its mtime moving (git's "racily clean" case): not cached.
 RACY_NS = 2_000_000_000
@@ -34,24 +37,27 @@ def cache_dir() -> Path:
 
 
 def file_key(path: Path) -> list[Any] | None:
-    """[path, size, mtime_ns], or None when it cannot be stat'ed."""
+    """[path, size, mtime_ns, ctime_ns, inode], or None when it cannot be stat'ed."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [str(path), st.st_size, st.st_mtime_ns]
+    return [str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def _entry_path(root: Path) -> Path:
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    # fsencode: a directory name that is not UTF-8 is bytes to hash, not an error
+    digest = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:24]
     return cache_dir() / f"{digest}.json"
 
 
 def load(root: Path, index: Path | None) -> dict[str, Any] | None:
     """The stored entry when the index (or its absence) and every shard still match."""
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+
     try:
-        doc = json.loads(_entry_path(root).read_text())
-    except (OSError, ValueError):
+        doc = read_json_object(_entry_path(root), "header cache entry")
+    except JsonFileError:
         return None
     if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
         return None

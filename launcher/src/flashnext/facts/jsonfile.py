@@ -48,7 +48,7 @@ def _read_pipe(fd: int, limit: int, deadline_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def read_bounded(
+def read_limited(
     path: str | os.PathLike[str],
     what: str,
     limit: int,
@@ -56,16 +56,11 @@ def read_bounded(
     pipe_deadline_s: float | None = None,
 ) -> bytes:
     """At most `limit` bytes of the regular file `path`; with `pipe_deadline_s`, a pipe
-    or FIFO too, read until its writer closes it, within that many seconds."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise JsonFileError(f"{path}: cannot read it (no such file)") from None
-    except IsADirectoryError:
-        raise JsonFileError(f"{path}: a directory, not a {what}") from None
-    except OSError as exc:
-        raise JsonFileError(f"{path}: cannot read it ({exc.strerror})") from None
+    or FIFO too, read until its writer closes it, within that many seconds. OSError
+    (no such file, permission) passes through for callers that name it their way;
+    a directory, device, silent pipe or oversized file is a JsonFileError."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -81,13 +76,29 @@ def read_bounded(
         raise JsonFileError(
             f"{path}: a pipe that wrote nothing to its end within {pipe_deadline_s:g} s"
         ) from None
-    except OSError as exc:
-        raise JsonFileError(f"{path}: cannot read it ({exc.strerror})") from None
     finally:
         os.close(fd)
     if len(raw) > limit:
         raise JsonFileError(f"{path}: over {_size_text(limit)}, so not a {what}")
     return raw
+
+
+def read_bounded(
+    path: str | os.PathLike[str],
+    what: str,
+    limit: int,
+    *,
+    pipe_deadline_s: float | None = None,
+) -> bytes:
+    """read_limited, with every OSError a JsonFileError too."""
+    try:
+        return read_limited(path, what, limit, pipe_deadline_s=pipe_deadline_s)
+    except FileNotFoundError:
+        raise JsonFileError(f"{path}: cannot read it (no such file)") from None
+    except IsADirectoryError:
+        raise JsonFileError(f"{path}: a directory, not a {what}") from None
+    except OSError as exc:
+        raise JsonFileError(f"{path}: cannot read it ({exc.strerror})") from None
 
 
 def parse_json(raw: bytes | str, source: str, what: str) -> Any:

@@ -8,7 +8,6 @@ unreadable or names another shape. Preflight judges what this returns.
 
 from __future__ import annotations
 
-import json
 import os
 
 from flashnext.facts.schema import ManifestFacts
@@ -31,19 +30,20 @@ def _json_kind(value: object) -> str:
 def probe_manifest(table_path: str | os.PathLike[str]) -> ManifestFacts:
     """The manifest beside `table_path`: missing, unreadable (error), or its JSON object."""
     path = manifest_path(table_path)
+    from flashnext.facts.jsonfile import JsonFileError, parse_json, read_limited
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        raw = read_limited(path, "table manifest", MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         return ManifestFacts(path=path)
+    except JsonFileError as exc:  # a FIFO or device there, or over 1 MiB
+        return ManifestFacts(path=path, exists=True, error=str(exc).removeprefix(f"{path}: "))
     except OSError as exc:
         return ManifestFacts(path=path, exists=True, error=f"cannot read ({exc.strerror})")
-    if len(raw) > MAX_MANIFEST_BYTES:
-        return ManifestFacts(path=path, exists=True, error="over 1 MiB: not a table manifest")
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return ManifestFacts(path=path, exists=True, error=f"not JSON ({exc})")
+        doc = parse_json(raw, path, "table manifest")
+    except JsonFileError as exc:
+        return ManifestFacts(path=path, exists=True, error=str(exc).removeprefix(f"{path}: "))
     if not isinstance(doc, dict):
         return ManifestFacts(
             path=path, exists=True, error=f"not a JSON object (a JSON {_json_kind(doc)})"

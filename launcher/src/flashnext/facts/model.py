@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import marshal
 import operator
 import os
@@ -26,6 +25,13 @@ from typing import Any, NamedTuple
 
 from flashnext.facts import header_cache
 from flashnext.facts.config_check import check_sections
+from flashnext.facts.jsonfile import (
+    MAX_CONFIG_BYTES,
+    MAX_JSON_BYTES,
+    JsonFileError,
+    parse_json,
+    read_limited,
+)
 from flashnext.facts.safetensors import (
     ShardHeader,
     read_safetensors_header,
@@ -40,7 +46,7 @@ from flashnext.facts.schema import (
     TensorInfo,
     bytes_by_class,
 )
-from flashnext.read_errors import unreadable
+from flashnext.read_errors import not_a_file, unreadable
 
 # Names other code imports from here (checks/gpu/tiny/tiny_model.py: tensor_nbytes).
 __all__ = ["ModelFactsError", "read_model_facts", "read_safetensors_header", "tensor_nbytes"]
@@ -54,25 +60,77 @@ SINGLE_FILE = "model.safetensors"
 # ---------------------------------------------------------------- the model directory
 
 
-def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+def _read_json(path: Path, what: str, fix: str, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A checkpoint's JSON file, read bounded (`limit`): a device, a FIFO or a 150 MB
+    file is an error, not gigabytes of memory or a hang; so is hostile JSON."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_limited(path, what, limit)
     except FileNotFoundError as exc:
         raise ModelFactsError(f"{path}: missing {what}; {fix}") from exc
+    except JsonFileError as exc:
+        raise ModelFactsError(f"{exc}; {fix}") from None
     except OSError as exc:
         denied = unreadable(path, exc)
         if denied:  # the file is there: access, not a download, is what is missing
             raise ModelFactsError(f"{denied[0]}; {denied[1]}", fix=denied[1]) from exc
         raise ModelFactsError(f"{path}: cannot read {what} ({exc.strerror}); {fix}") from exc
-    except UnicodeDecodeError as exc:
-        raise ModelFactsError(f"{path}: {what} is not UTF-8 text; {fix}") from exc
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelFactsError(f"{path}: {what} is not valid JSON ({exc}); {fix}") from exc
+        doc = parse_json(raw, str(path), what)
+    except JsonFileError as exc:
+        raise ModelFactsError(f"{exc}; {fix}") from None
     if not isinstance(doc, dict):
         raise ModelFactsError(f"{path}: {what} must be a JSON object; {fix}")
     return doc
+
+
+def _patterns_problem(where: str, patterns: Any) -> str | None:
+    """Why `patterns` (a group's targets, the ignore list) is no list of module names and
+    `re:` patterns that compile, as compressed-tensors reads them; None if it is one."""
+    if not isinstance(patterns, list):
+        return f"{where} is {type(patterns).__name__} {patterns!r:.60}, not a list of names"
+    for p in patterns:
+        if not isinstance(p, str) or not p:
+            return f"{where} holds {p!r}, not a module name or re: pattern"
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except (re.error, RecursionError, OverflowError) as exc:
+                return f"{where} holds {p!r}, whose pattern does not compile ({exc})"
+    return None
+
+
+def _check_quant_structure(quant: dict[str, Any], path: Path) -> None:
+    """quantization_config's shape before anything resolves schemes from it: groups an
+    object of objects with target lists, ignore a list, patterns that compile."""
+    groups = quant.get("config_groups")
+    problem = None
+    if groups is not None and not isinstance(groups, dict):
+        problem = (f"quantization_config.config_groups is a {type(groups).__name__}, not an "
+                   "object of group name -> {targets, weights}")  # fmt: skip
+    for name, group in (groups or {}).items() if isinstance(groups, dict) else ():
+        if problem:
+            break
+        if not isinstance(group, dict):
+            problem = f"quantization_config.config_groups.{name} is not an object"
+        else:
+            problem = _patterns_problem(f"quantization_config.config_groups.{name}.targets",
+                                        group.get("targets", []))  # fmt: skip
+    if not problem and quant.get("ignore") is not None:
+        problem = _patterns_problem("quantization_config.ignore", quant["ignore"])
+    method = quant.get("quant_method")
+    if not problem and method is not None and not isinstance(method, str):
+        problem = f"quantization_config.quant_method is {method!r}, not a name"
+    if problem:
+        raise ModelFactsError(
+            f"{path}: {problem}; vLLM cannot read it either: restore config.json from the "
+            "published checkpoint (then `flashnext checkpoint fix` if preflight asks for it)"
+        )
+
+
+def not_a_file_in_the_directory(file: object) -> bool:
+    """An index entry that names no file of the model directory itself (`../x`, `/etc/x`,
+    `sub/x`, `.`, empty, not a string): never followed, by any tool."""
+    return not isinstance(file, str) or not file or "/" in file or file in (".", "..")
 
 
 def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | None]:
@@ -80,14 +138,12 @@ def _shard_files(model_dir: Path) -> tuple[tuple[str, ...], dict[str, str] | Non
     index_path = model_dir / INDEX_FILE
     fix = "re-download the checkpoint's index file"
     if index_path.exists():
-        index = _read_json(index_path, "safetensors index", fix)
+        index = _read_json(index_path, "safetensors index", fix, MAX_JSON_BYTES)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelFactsError(f"{index_path}: no weight_map (tensor name -> file); {fix}")
 
-        def bad(file: object) -> bool:
-            return not isinstance(file, str) or not file or "/" in file or file in (".", "..")
-
+        bad = not_a_file_in_the_directory
         try:  # distinct files first (C speed over ~225k entries), then check those few
             files = tuple(dict.fromkeys(weight_map.values()))
         except TypeError:  # an unhashable value: found below
@@ -179,6 +235,9 @@ def read_model_facts(model_dir: str | os.PathLike[str]) -> ModelFacts:
 
 def _read_model_facts(root: Path) -> ModelFacts:
     if not root.exists():
+        broken = not_a_file(root)  # a symlink loop or a link to nothing: say which
+        if broken:
+            raise ModelFactsError(f"{broken}; point --model at the checkpoint directory")
         raise ModelFactsError(f"{root}: no such directory", missing_dir=True)
     if not root.is_dir():
         raise ModelFactsError(
@@ -197,6 +256,8 @@ def _read_model_facts(root: Path) -> ModelFacts:
             f"{root / CONFIG_FILE}: quantization_config is {type(quant).__name__}, not an "
             "object; restore config.json from the published checkpoint"
         )
+    if quant is not None:
+        _check_quant_structure(quant, root / CONFIG_FILE)
     check_sections(config, root / CONFIG_FILE)
     generation = None
     if (root / GENERATION_CONFIG_FILE).exists():
@@ -225,7 +286,7 @@ def _read_model_facts(root: Path) -> ModelFacts:
 
         tensors = LazyTensors(count, reread)
     else:
-        files, shards, tensors, classes = _read_shards(root, index)
+        files, shards, tensors, classes = _read_shards(root, index, config)
 
     return ModelFacts(
         path=str(root),
@@ -239,13 +300,39 @@ def _read_model_facts(root: Path) -> ModelFacts:
     )
 
 
+def _check_implied_tensors(root: Path, config: dict[str, Any], weight_map: dict) -> None:
+    """The index must name every tensor the config implies, whatever the shards are
+    called: a shard deleted with its index entries leaves a consistent index."""
+    from flashnext.facts.implied import missing_tensors
+    from flashnext.facts.model_derived import ConfigValueError
+
+    try:
+        missing = missing_tensors(config, weight_map)
+    except ConfigValueError:
+        return  # the config's own error is named where the plan reads it
+    if missing:
+        raise ModelFactsError(
+            f"{root / INDEX_FILE}: names no tensor of {'; '.join(missing)}, which "
+            f"{CONFIG_FILE} implies: a shard is missing together with its index entries; "
+            "download the checkpoint again (its index and every shard)"
+        )
+
+
 def _read_shards(
-    root: Path, index: Path | None
+    root: Path, index: Path | None, config: dict[str, Any]
 ) -> tuple[tuple[str, ...], tuple[ShardInfo, ...], LazyTensors, dict[str, int]]:
     """Every header read and checked (and the index against them); the result cached."""
     files, weight_map = _shard_files(root)
+    if weight_map is not None:
+        _check_implied_tensors(root, config, weight_map)
     for file in files:
         if not (root / file).is_file():
+            why = not_a_file(root / file)  # a link loop or a FIFO is no missing download
+            if why:
+                raise ModelFactsError(
+                    f"{why}; it is a shard named by {INDEX_FILE}: replace it with the shard "
+                    "itself (re-download it)"
+                )
             raise ModelFactsError(
                 f"{root / file}: missing shard named by {INDEX_FILE}; the download is "
                 "incomplete: fetch the missing file(s) again"

@@ -47,6 +47,11 @@ class ModelContext:
         return f"{self.key} {self.length}{scaled} = {self.tokens} tokens"
 
 
+# Far beyond any released model (the largest are ~10M tokens); a product past it is a
+# corrupt config, and 1e300 would overflow every int() downstream.
+MAX_CONTEXT_TOKENS = 2**40
+
+
 def _number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigValueError(f"{key} is {value!r}, not a number")
@@ -85,11 +90,22 @@ def model_context(text_config: dict[str, Any]) -> ModelContext | None:
     found: list[tuple[float, str]] = []
     for key in LENGTH_KEYS:
         if text_config.get(key) is not None:
-            found.append((_number(text_config[key], key), key))
+            value = _number(text_config[key], key)
+            if value != int(value):  # 0.5 would become a context of 0 tokens
+                raise ConfigValueError(
+                    f"{key} is {text_config[key]!r}, not a whole number of tokens"
+                )
+            found.append((value, key))
     if not found:
         return None
     length, key = min(found)
     if text_config.get("model_max_length"):  # vLLM: it overrides the others (Cohere)
         length, key = text_config["model_max_length"], "model_max_length"
     factor = _rope_factor(text_config)
-    return ModelContext(int(length * factor), key, int(length), factor)
+    tokens = length * factor
+    if not math.isfinite(tokens) or tokens > MAX_CONTEXT_TOKENS or tokens < 1:
+        raise ConfigValueError(
+            f"{key} {length:g} x RoPE factor {factor:g} = {tokens:g} tokens, not a context "
+            f"any model has (1 to {MAX_CONTEXT_TOKENS:,} tokens)"
+        )
+    return ModelContext(int(tokens), key, int(length), factor)

@@ -13,6 +13,8 @@ under the `vllm/` package of the 0.33.0 wheel):
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 # Keys vLLM 0.33.0 takes from generation_config.json as default sampling
@@ -113,6 +115,52 @@ VLLM_FALLBACKS: dict[str, tuple[float, ...]] = {
     "top_p": (1,),
     "min_p": (0,),
 }
+
+
+# What vLLM 0.33.0 accepts for each key (vllm/sampling_params.py
+# SamplingParams._verify_args; max_new_tokens becomes max_tokens, config/model.py):
+# a default outside these ranges makes every request that relies on it fail.
+_BOOLEAN_KEYS = ("skip_special_tokens", "do_sample")
+_NUMBER_RANGES: dict[str, tuple[str, Any]] = {
+    "temperature": ("in [0, 2]", lambda v: 0 <= v <= 2),
+    "top_p": ("in (0, 1]", lambda v: 0 < v <= 1),
+    "min_p": ("in [0, 1]", lambda v: 0 <= v <= 1),
+    "presence_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2),
+    "frequency_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2),
+    "repetition_penalty": ("greater than 0", lambda v: v > 0),
+}
+
+
+def sampling_value_error(key: str, value: Any) -> str | None:
+    """Why vLLM would refuse `value` as the default for `key`, or None when it is fine."""
+    if key in _BOOLEAN_KEYS:
+        return None if isinstance(value, bool) else f"{key} must be true or false, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{key} must be a number, got {json.dumps(value)}"
+    if not math.isfinite(value):
+        return f"{key} must be a finite number, got {value!r}"
+    if key == "top_k":
+        if not isinstance(value, int):
+            return f"top_k must be an integer, got {value!r}"
+        return None if value >= -1 else f"top_k must be -1 or 0 (off) or at least 1, got {value}"
+    if key == "max_new_tokens":
+        ok = isinstance(value, int) and value >= 1
+        return None if ok else f"max_new_tokens must be an integer >= 1, got {value!r}"
+    rule = _NUMBER_RANGES.get(key)
+    if rule and not rule[1](value):
+        return f"{key} must be {rule[0]}, got {value!r}"
+    return None
+
+
+def sampling_value_problems(generation_config: dict[str, Any] | None) -> list[str]:
+    """Each sampling default vLLM would refuse (`top_p: 7`, `temperature: "hot"`): a
+    default every request relies on, so every such request would fail."""
+    return [
+        why
+        for key in (*VLLM_SAMPLING_KEYS, "do_sample")
+        if (generation_config or {}).get(key) is not None
+        and (why := sampling_value_error(key, generation_config[key]))
+    ]
 
 
 def sampling_keys_present(generation_config: dict[str, Any] | None) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,8 +81,15 @@ def _read_frame(path: Path) -> tuple[int, int, bytes]:
     """(file size, header length, raw header bytes)."""
     where = str(path)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        # O_NONBLOCK: a FIFO named like a shard must not wait for a writer.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SafetensorsError(
+                    f"{where}: not a regular file, so not a safetensors shard",
+                    "replace it with the shard itself (re-download it)",
+                )
+            size = st.st_size
             prefix = fh.read(8)
             if len(prefix) < 8:
                 raise SafetensorsError(
@@ -112,7 +120,9 @@ def _read_frame(path: Path) -> tuple[int, int, bytes]:
 def _parse_json(path: Path, raw: bytes, parse_float: Any = None) -> dict[str, Any]:
     try:
         header = json.loads(raw, parse_float=parse_float)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise SafetensorsError(f"{path}: header is not JSON (nested too deeply)") from None
+    except ValueError as exc:  # invalid UTF-8 or JSON, or an integer of thousands of digits
         raise SafetensorsError(f"{path}: header is not JSON (not valid JSON: {exc})") from exc
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: header is JSON but not an object")
@@ -290,7 +300,7 @@ def _tensor_entry(where: str, file: str, key: str, entry: Any, data_start: int) 
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or dict is unhashable
         raise SafetensorsError(
             f"{where}: tensor {key!r} has unknown dtype {dtype!r} "
             f"(known: {', '.join(sorted(DTYPE_BITS))})"

@@ -11,6 +11,7 @@ Roots are parameters so tests can point the probe at synthetic /proc and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -333,5 +334,23 @@ def _probe_storage(abspath: str, proc: str, sys: str) -> StorageFacts:
             ),
             **common,
         )
-    devices = tuple(tree.describe(leaf) for leaf in tree.leaves(name))
+    devices = tuple(_loop_in_ram(tree, tree.describe(leaf), mounts)
+                    for leaf in tree.leaves(name))  # fmt: skip
     return StorageFacts(devices=devices, **common)
+
+
+RAM_FS = frozenset({"tmpfs", "ramfs"})
+
+
+def _loop_in_ram(tree: BlockTree, device: BlockDevice, mounts: list[Mount]) -> BlockDevice:
+    """A loop device whose backing file lives on tmpfs (/dev/shm) is RAM, not a disk:
+    `ram`, like zram; any other loop stays `loop`."""
+    if device.transport != "loop":
+        return device
+    backing = _read(os.path.join(tree.class_dir(device.name), "loop", "backing_file"))
+    if not backing:
+        return device
+    mount = find_mount(mounts, backing.removesuffix(" (deleted)"))
+    if mount is None or mount.fs_type not in RAM_FS:
+        return device
+    return dataclasses.replace(device, transport="ram", rotational=False)

@@ -197,6 +197,22 @@ def probe_vllm_env(
     return VllmEnvFacts(selected_by="none")
 
 
+def stamp_problem(stamp: object) -> str | None:
+    """Why a patch stamp (_flashnext_patches.json) is not what patches/apply writes: an
+    object whose `patches` is a list of {name, sha256} strings; None when it is."""
+    if not isinstance(stamp, dict):
+        return "not a JSON object"
+    patches = stamp.get("patches")
+    if not isinstance(patches, list):
+        return f"`patches` is {type(patches).__name__}, not a list"
+    for i, p in enumerate(patches):
+        if not isinstance(p, dict) or not all(
+            isinstance(p.get(k), str) for k in ("name", "sha256")
+        ):
+            return f"`patches[{i}]` is {p!r:.60}, not an object with name and sha256 strings"
+    return None
+
+
 def _probe(
     selected_by: str, env_dir: str | None, executable: str, python: str, environ
 ) -> VllmEnvFacts:
@@ -212,6 +228,10 @@ def _probe(
                 error=f"no executable {what} at {path}",
             )
     doc = _ask(python, environ)
+    stamp, stamp_error = doc.get("stamp"), doc.get("stamp_error")
+    if stamp is not None and not stamp_error:
+        stamp_error = stamp_problem(stamp)
+        stamp = None if stamp_error else stamp
     return VllmEnvFacts(
         selected_by=selected_by,
         env_dir=env_dir,
@@ -219,7 +239,7 @@ def _probe(
         python=python,
         package_dir=doc.get("package_dir"),
         version=doc.get("version"),
-        stamp=doc.get("stamp"),
-        stamp_error=doc.get("stamp_error"),
+        stamp=stamp,
+        stamp_error=stamp_error,
         error=doc.get("error"),
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashnext.facts.schema import dumps
+from flashnext.plan import speed_basis
 from flashnext.plan.decode_graphs import decode_capture_sizes
 from flashnext.plan.options import PlanOptions
 from flashnext.plan.planner import Plan
@@ -103,6 +104,9 @@ def plan_json(plan: Plan, command: ServeCommand) -> dict[str, Any]:
     doc.pop("plan_hash")
     doc["argv"] = list(command.argv)
     doc["plan_hash"] = hashlib.sha256(dumps(doc).encode()).hexdigest()
+    # What the speed figures rest on, outside the hash: a run filling in a basis
+    # changes no plan (results record plan hashes as the argv's identity).
+    doc["speed_basis"] = speed_basis.to_json(plan.profile)
     return doc
 
 

@@ -30,6 +30,7 @@ from flashnext.facts.model_derived import (
 )
 from flashnext.facts.schema import HostFacts, ModelFacts, dumps, to_jsonable
 from flashnext.plan import host_pools, qsa_sizing
+from flashnext.plan.decode_bytes import DecodeTerm, decode_terms
 from flashnext.plan.mtp import (
     MtpFit,
     MtpNeeds,
@@ -113,6 +114,9 @@ class DecodeRoofline:
     experts_per_token: int
     num_experts: int
     bandwidth_bytes_per_s: int
+    terms: tuple[DecodeTerm, ...] = ()
+    """Every tensor of the checkpoint by what a token reads of it (plan/decode_bytes.py):
+    the counted terms are the two above; the others say why they are left out."""
 
     @property
     def bytes_per_token(self) -> int:
@@ -309,9 +313,17 @@ def _vram_total(facts: HostFacts, profile: Profile) -> tuple[int, str | None]:
     if len(matching) >= profile.gpu.count:
         return min(d.memory_total_bytes for d in matching), None
     return profile.gpu.memory_bytes, (
-        f"no {profile.gpu.count}x {profile.gpu.name} in the facts: VRAM per card taken "
+        f"no {profile.gpu.count}x {profile.gpu.label} in the facts: VRAM per card taken "
         f"from the profile ({profile.gpu.memory_bytes} bytes)"
     )
+
+
+def _bandwidth(facts: HostFacts, profile: Profile) -> int:
+    """The cards' memory bandwidth for the roofline: the slowest of the profile's cards
+    the facts show (a profile may name several), else the profile's own card's."""
+    cards = [profile.gpu.card(d) for d in facts.gpu.devices]
+    figures = [c.bandwidth_bytes_per_s for c in cards if c is not None]
+    return min(figures) if figures else profile.gpu.bandwidth_bytes_per_s
 
 
 def plan(
@@ -398,7 +410,8 @@ def _plan(
         routed_expert_bytes=routed,
         experts_per_token=config_int(text, "num_experts_per_tok", 0, minimum=0),
         num_experts=config_int(text, "num_experts", 0, minimum=0),
-        bandwidth_bytes_per_s=profile.gpu.bandwidth_bytes_per_s,
+        bandwidth_bytes_per_s=_bandwidth(facts, profile),
+        terms=decode_terms(model.tensor_bytes_by_class(), text, frozenset(ple_shard_names(text))),
     )
     budget = _Budget(text, ranges, profile, options, vram_total, usable, fixed, max_len.value)
     sized = _size(budget, None)

@@ -11,6 +11,7 @@ optional: a profile without them gets the defaults below.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import field
 from importlib import resources
@@ -43,6 +44,20 @@ Positive = Annotated[StrictInt, Field(ge=1)]
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
+class OtherCard:
+    """A card the profile's settings hold on as they are, with its own figures."""
+
+    name: StrictStr
+    """Substring of NVML's device name, case-insensitive."""
+    memory_bytes: Positive
+    """Nominal memory of one card, as GpuSpec.memory_bytes (the card's own NVML total)."""
+    bandwidth_bytes_per_s: Positive
+    """Peak memory bandwidth of one card, for the decode roofline on this card."""
+    source: StrictStr
+    """Where the figures were read (a recording, a datasheet)."""
+
+
+@dataclass(frozen=True, config=_FORBID_UNKNOWN)
 class GpuSpec:
     name: StrictStr
     """Substring of NVML's device name, case-insensitive."""
@@ -59,9 +74,25 @@ class GpuSpec:
     """One card's host link (PCIe) bandwidth, for reads of pinned host memory by the
     GPU: the MTP drafter's routed experts (plan/mtp_projection.py). A figure with its
     source, never a guess; None: not known, and MTP's gain is not projected."""
+    other_cards: tuple[OtherCard, ...] = ()
+    """Other cards the profile runs on unchanged (a test profile whose lent host may
+    be either of two kinds); each is held to the same minimums (min_memory_bytes,
+    compute capability, link). Empty: `name` only."""
+
+    @property
+    def label(self) -> str:
+        """The cards as people read them: "H200" or "H200 or H100"."""
+        return " or ".join([self.name, *(c.name for c in self.other_cards)])
 
     def matches(self, device: GpuDevice) -> bool:
-        return self.name.lower() in device.name.lower()
+        return self.card(device) is not None
+
+    def card(self, device: GpuDevice) -> OtherCard | GpuSpec | None:
+        """Which of the profile's cards `device` is: this spec, an other card, or None."""
+        name = device.name.lower()
+        if self.name.lower() in name:
+            return self
+        return next((c for c in self.other_cards if c.name.lower() in name), None)
 
 
 @dataclass(frozen=True, config=_FORBID_UNKNOWN)
@@ -258,6 +289,29 @@ def _section(cls: type, doc: Any, source: str, key: str) -> Any:
         raise ProfileError(f"{source} [{key}]: {_explain(exc, key)}") from None
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_section(env: Any, source: str) -> dict[str, str]:
+    """[env]: variable names to scalar values, as the child's environment takes them.
+    A list or table would be stringified into nonsense, a name with `=` splits the
+    variable differently in the child; both are refused, named."""
+    if not isinstance(env, dict):
+        raise ProfileError(f"{source}: [env] must be a table of NAME = value")
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ProfileError(f"{source} [env]: {name!r} is not an environment variable name "
+                               "(letters, digits and _, not starting with a digit)")  # fmt: skip
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        if not isinstance(value, str | int | float):
+            raise ProfileError(f"{source} [env]: {name} is a {type(value).__name__}, not a "
+                               "string or number; write it as one quoted string")  # fmt: skip
+        out[name] = str(value)
+    return out
+
+
 def parse_profile(text: str, source: str) -> Profile:
     """A profile TOML, every field checked against its type and bounds."""
     try:
@@ -275,7 +329,7 @@ def parse_profile(text: str, source: str) -> Profile:
             description=doc.get("description", ""),
             default=bool(doc.get("default", False)),
             auto_select=doc.get("auto_select", True),
-            env={str(k): str(v) for k, v in doc.get("env", {}).items()},
+            env=_env_section(doc.get("env", {}), source),
             **built,
         )
     except ValidationError as exc:

@@ -10,13 +10,20 @@ row-major, so the flat table is the shards' data regions concatenated in shard o
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashnext.facts.jsonfile import (
+    MAX_CONFIG_BYTES,
+    JsonFileError,
+    parse_json,
+    read_json_object,
+    read_limited,
+)
+from flashnext.facts.model import not_a_file_in_the_directory
 from flashnext.facts.model_derived import config_int, ple_table_shape
 from flashnext.facts.safetensors import DTYPE_BITS, SafetensorsError, read_header_json
 from flashnext.read_errors import unreadable
@@ -141,8 +148,9 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            doc = read_json_object(index, "safetensors index")
+            weight_map = doc["weight_map"]
+        except (JsonFileError, KeyError) as exc:
             raise TableError(
                 f"{index}: unreadable or without weight_map ({exc})",
                 fix="re-download the checkpoint's model.safetensors.index.json",
@@ -152,6 +160,15 @@ def _checkpoint_files(model_dir: Path) -> list[str]:
         ):
             raise TableError(
                 f"{index}: weight_map is not an object of tensor name -> file name",
+                fix="re-download the checkpoint's model.safetensors.index.json",
+            )
+        # The rule `checkpoint check` applies: an entry outside the directory is never read.
+        ple_entries = ((n, f) for n, f in weight_map.items() if SHARD_NAME.match(n))
+        outside = next(((n, f) for n, f in ple_entries if not_a_file_in_the_directory(f)), None)
+        if outside:
+            raise TableError(
+                f"{index}: weight_map entry {outside[0]!r} names {outside[1]!r}, not a file in "
+                "the model directory; it is not followed",
                 fix="re-download the checkpoint's model.safetensors.index.json",
             )
         # Only the files that hold PLE shards are opened: their names say so.
@@ -177,8 +194,9 @@ def _json_kind(value: object) -> str:
 def _text_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        config = parse_json(read_limited(path, "model config", MAX_CONFIG_BYTES), str(path),
+                            "model config")  # fmt: skip
+    except (OSError, JsonFileError) as exc:
         denied = unreadable(path, exc) if isinstance(exc, OSError) else None
         if denied:
             raise TableError(*denied) from exc

@@ -109,11 +109,13 @@ def fsync_dir(path: Path) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    from flashnext.facts.jsonfile import JsonFileError, read_json_object
+    from flashnext.facts.manifest import MAX_MANIFEST_BYTES
+
+    try:  # our own journal or manifest: bounded all the same (a user can put anything there)
+        return read_json_object(path, "table journal", MAX_MANIFEST_BYTES)
+    except JsonFileError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def check_storage(out: Path, layout: TableLayout, file_layout: str, force: bool) -> str | None:
@@ -389,6 +391,19 @@ def _commit(journal: Path, identity: str, file_layout: str, committed: int) -> N
     write_json_atomic(journal, doc)
 
 
+def _refuse_checkpoint_files(model_dir: str | os.PathLike[str], outputs: list[Path]) -> None:
+    """The table, its manifest and journal never replace a file of the checkpoint
+    (`--out MODEL/config` would write its manifest over MODEL/config.json)."""
+    from flashnext.input_files import OutputClash, checkpoint_files, refuse_clobbering
+
+    try:
+        refuse_clobbering(outputs, checkpoint_files(model_dir), "table prepare",
+                          "pass --out a path outside the checkpoint, e.g. on the NVMe drive: "
+                          "--out /nvme/flashnext/ple-table.bin")  # fmt: skip
+    except OutputClash as exc:
+        raise TableError(exc.message, fix=exc.fix) from None
+
+
 def prepare_table(
     model_dir: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -419,6 +434,9 @@ def prepare_table(
     manifest = layout.manifest(file_layout)
     total = layout.file_bytes(file_layout)
     shown = str(link_manifest or manifest_path)
+    _refuse_checkpoint_files(
+        model_dir, [given, out, partial, journal, manifest_path, *filter(None, [link_manifest])]
+    )
 
     if out.exists():
         if _is_present(out, manifest_path, identity, file_layout, total):

@@ -25,6 +25,12 @@ def storage_refusal(facts: StorageFacts) -> str | None:
         return (
             f"{where} lives in RAM: the 95 GiB table would use the host memory it is meant to save"
         )
+    in_ram = [d.name for d in facts.devices if d.transport == "ram"]
+    if in_ram:
+        return (
+            f"{where} is on {', '.join(in_ram)}, a block device in RAM (a loop over tmpfs, "
+            "zram): the 95 GiB table would use the host memory it is meant to save"
+        )
     if facts.fs_type in LAYERED_FS:
         return (
             f"{where} is an overlay (container writable layer): mount a host NVMe directory instead"

@@ -6,13 +6,14 @@ without one is taken as packed (the seed's format).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashnext.facts.jsonfile import JsonFileError, read_json_object
+from flashnext.facts.manifest import MAX_MANIFEST_BYTES
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import (
     LAYOUTS,
@@ -84,8 +85,8 @@ def sample_rows(layout: TableLayout, samples: int, seed: int) -> Iterator[int]:
 
 def _read_manifest(manifest: Path, fix: str) -> dict:
     try:
-        doc = json.loads(manifest.read_text())
-    except (OSError, ValueError) as exc:
+        doc = read_json_object(manifest, "table manifest", MAX_MANIFEST_BYTES)
+    except JsonFileError as exc:
         raise TableError(f"{manifest}: unreadable ({exc})", fix=fix) from exc
     if not isinstance(doc, dict):
         raise TableError(f"{manifest}: not a JSON object", fix=fix)

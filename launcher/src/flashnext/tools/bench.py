@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from flashnext.atomic import write_text_atomic
+from flashnext.plan import speed_basis
 from flashnext.tools import wire
 
 BENCH_SCHEMA_VERSION = 1
@@ -564,6 +565,7 @@ def build_result(
         "summary": summary,
         "spec_decode": spec_decode,
         "comparison": comparison if not rejected else [],
+        "projection": speed_basis.bench_comparison(summary, env_fingerprint.get("plan")),
         "reference": REFERENCE,
     }
 

@@ -34,6 +34,12 @@ UUID_RE = re.compile(
 )
 MAC_RE = re.compile(r"\b[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}\b")
 IPV4_RE = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+# Candidates only (two colons or more, optional zone id): `ipaddress` decides, so a
+# time of day (12:34:56) or a C++ name (std::vector) is left alone.
+IPV6_CANDIDATE_RE = re.compile(
+    r"(?<![\w:.])(?:[0-9a-fA-F]{0,4}:){2,7}(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9a-fA-F]{1,4})?"
+    r"(?:%[\w.-]+)?(?![\w:]|\.\d)"
+)
 SECRET_KEY_RE = re.compile(
     r"(^|[_-])(api[_-]?key|key|token|secret|password|passwd|credentials?)($|[_-])", re.IGNORECASE
 )
@@ -49,6 +55,10 @@ class Redactor:
     hostname: str | None = None
     username: str | None = None
     home: str | None = None
+    sudo_user: str | None = None
+    """Under sudo, the person who invoked it (SUDO_USER): `username` is then root."""
+    sudo_home: str | None = None
+    """That person's home directory, redacted like `home`."""
     counts: dict[str, int] = field(default_factory=dict)
 
     def _count(self, kind: str, n: int = 1) -> None:
@@ -56,11 +66,12 @@ class Redactor:
             self.counts[kind] = self.counts.get(kind, 0) + n
 
     def text(self, s: str) -> str:
-        if self.home and len(self.home) > 1:
-            # "~" for the home dir itself and for paths below it, not for /home/userx.
-            pattern = re.escape(self.home.rstrip("/")) + r"(?=/|$|\s|\"|')"
-            s, n = re.subn(pattern, "~", s)
-            self._count("home_path", n)
+        for home in (self.home, self.sudo_home):
+            if home and len(home.rstrip("/")) > 1:
+                # "~" for the home dir itself and for paths below it, not for /home/userx.
+                pattern = re.escape(home.rstrip("/")) + r"(?=/|$|\s|\"|')"
+                s, n = re.subn(pattern, "~", s)
+                self._count("home_path", n)
         s, n = UUID_RE.subn("<uuid>", s)
         self._count("uuid", n)
         s, n = MAC_RE.subn("<mac>", s)
@@ -72,12 +83,28 @@ class Redactor:
             self._count("ip")
             return "<ip>"
 
+        s = IPV6_CANDIDATE_RE.sub(self._ipv6, s)  # first: ::ffff:192.0.2.7 is one address
         s = IPV4_RE.sub(ip, s)
-        for value, tag in ((self.hostname, "<hostname>"), (self.username, "<user>")):
+        names = ((self.hostname, "<hostname>"), (self.username, "<user>"),
+                 (self.sudo_user, "<user>"))  # fmt: skip
+        for value, tag in names:
             if value and len(value) >= 2:
                 s, n = re.subn(rf"(?<![\w-]){re.escape(value)}(?![\w-])", tag, s)
                 self._count(tag.strip("<>"), n)
         return s
+
+    def _ipv6(self, m: re.Match[str]) -> str:
+        """An IPv6 address other than loopback (::1) and unspecified (::) is the host's."""
+        import ipaddress
+
+        try:
+            addr = ipaddress.IPv6Address(m.group(0).partition("%")[0])
+        except ValueError:
+            return m.group(0)  # not an address after all
+        if addr.is_loopback or addr.is_unspecified:
+            return m.group(0)
+        self._count("ip")
+        return "<ip>"
 
     def value(self, obj: Any, key: str = "") -> Any:
         if isinstance(obj, dict):
@@ -115,7 +142,23 @@ def redactor_for_this_host(facts: dict[str, Any] | None) -> Redactor:
         username = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers)
         username = None
-    return Redactor(hostname=hostname, username=username, home=os.path.expanduser("~"))
+    sudo_user, sudo_home = _sudo_invoker(username)
+    return Redactor(hostname=hostname, username=username, home=os.path.expanduser("~"),
+                    sudo_user=sudo_user, sudo_home=sudo_home)  # fmt: skip
+
+
+def _sudo_invoker(username: str | None) -> tuple[str | None, str | None]:
+    """(name, home) of the person behind `sudo flashnext report` (SUDO_USER), whose paths
+    and name the report would otherwise carry; (None, None) when not under sudo."""
+    import pwd
+
+    sudo_user = os.environ.get("SUDO_USER") or None
+    if not sudo_user or sudo_user == username:
+        return None, None
+    try:
+        return sudo_user, pwd.getpwnam(sudo_user).pw_dir
+    except KeyError:  # no passwd entry: the name alone is still theirs
+        return sudo_user, None
 
 
 # ---------------------------------------------------------------- parts
@@ -188,13 +231,20 @@ def applied_patches(vllm_dir: Path | None, series: dict[str, Any]) -> dict[str, 
     if vllm_dir is None:
         return {"unavailable": "no vLLM env given (--vllm-python) or vllm not found in it"}
     stamp_path = vllm_dir / STAMP_NAME
+    from flashnext.facts.jsonfile import JsonFileError, parse_json, read_limited
+    from flashnext.facts.vllm_env import stamp_problem
+
     try:
-        stamp = json.loads(stamp_path.read_text())
+        stamp = parse_json(read_limited(stamp_path, "patch stamp", 1 << 20), str(stamp_path),
+                           "patch stamp")  # fmt: skip
     except FileNotFoundError:
         return {"dir": str(vllm_dir), "stamp": None, "note": "stock tree: no patches applied"}
-    except (OSError, ValueError) as exc:
+    except (OSError, JsonFileError) as exc:
         return {"unavailable": f"{stamp_path}: {exc}"}
-    applied = [(p.get("name"), p.get("sha256")) for p in stamp.get("patches", [])]
+    problem = stamp_problem(stamp)
+    if problem:
+        return {"unavailable": f"{stamp_path}: {problem}"}
+    applied = [(p["name"], p["sha256"]) for p in stamp["patches"]]
     expected = [(p["name"], p["sha256"]) for p in series.get("patches", [])]
     return {
         "dir": str(vllm_dir),
