@@ -23,6 +23,7 @@ let
       pytest
       safetensors
       numpy
+      matplotlib
       pip
     ]
   );

@@ -213,10 +213,8 @@ def test_http_errors_are_rejected(server):
     cfg = bench.BenchConfig(url=url, model=MODEL_NAME, concurrency=(1,), decode_tokens=4,
                             prompt_lengths=(), warmup=0, runs=1)  # fmt: skip
     (r,) = bench.run_bench(cfg)
-    assert r.rejection() == (
-        'HTTP 500: {"error": {"message": "stand-in told to fail completions", '
-        '"type": "InternalServerError", "code": 500}}'
-    )
+    # the message of vLLM's error body, not the body's JSON
+    assert r.rejection() == "HTTP 500: stand-in told to fail completions"
 
 
 def test_wrong_model_or_no_server_fails_fast_with_the_fix(server):

@@ -7,9 +7,14 @@ What it does, in order (TGI's launcher is the model):
    "waiting for /health (Ns)" line every `progress_interval_s`;
 4. read `/v1/models` (model name, context length) and send one smoke completion;
 5. report ready, then keep watching: the child exiting, `/health` failing
-   `health_failures_max` times in a row, or a vLLM engine process (titled
-   `VLLM::...` by vLLM's setproctitle) vanishing while HTTP still answers all
-   end the run with a non-zero exit and the child's output tail.
+   `health_failures_max` times in a row, a vLLM engine process (titled
+   `VLLM::...` by vLLM's setproctitle) vanishing while HTTP still answers (seen
+   within `poll_interval_s`, the dead pipeline rank named), or a hung engine (a
+   process of it stopped, or requests in flight while /metrics shows no engine
+   step, for `hang_timeout_s`; seen within that plus `health_interval_s`) all
+   end the run with a non-zero exit, the child's output tail and, where its
+   output says why (a worker's exit signal, a SIGBUS in the PLE table, a port
+   taken), the cause and the fix (tools/serve_faults.py).
 Under systemd (or a Quadlet unit with Notify=true) it reports READY=1 only after
 the smoke completion, plus STATUS lines while waiting and STOPPING=1 on a signal.
 
@@ -36,6 +41,17 @@ from typing import IO, Any
 
 import httpx
 import psutil
+
+from flashnext.tools.serve_faults import (
+    NOTABLE,
+    WORKER_DIED,
+    Progress,
+    diagnose,
+    lost_text,
+    pick_lost,
+    progress_reading,
+    rank_text,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -188,6 +204,8 @@ class ChildOutput:
     ) -> None:
         self.tail: deque[str] = deque(maxlen=keep)
         self.err_tail: deque[str] = deque(maxlen=keep_err)
+        # Lines that say why a server died, kept whatever scrolls past after them.
+        self.notable: deque[str] = deque(maxlen=20)
         self._lock = threading.Lock()
         self._sink = sink
         self._threads = [
@@ -205,6 +223,8 @@ class ChildOutput:
                 self.tail.append(line)
                 if is_err:
                     self.err_tail.append(line)
+                if NOTABLE.search(line):
+                    self.notable.append(line)
                 self._sink.write(line + "\n")
                 self._sink.flush()
         stream.close()
@@ -246,6 +266,9 @@ def stop_child(
     pgid = proc.pid  # start_new_session=True: the child leads its own group
     if proc.poll() is None:
         signal_group(pgid, sig)
+        # A stopped process (SIGSTOP, a hung engine someone paused) acts on `sig` only
+        # once resumed; SIGCONT is ignored by the running ones.
+        signal_group(pgid, signal.SIGCONT)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -440,6 +463,7 @@ def supervise(
     request_timeout_s: float = 10.0,
     smoke_timeout_s: float = 300.0,
     stop_timeout_s: float = 30.0,
+    hang_timeout_s: float = 120.0,
     log_stream: IO[str] | None = None,
     on_ready: Callable[[ReadyInfo], None] | None = None,
 ) -> int:
@@ -487,6 +511,7 @@ def supervise(
         )
         output = ChildOutput(proc, out)
         watch = _Watch(proc, output, say, signals, stop_timeout_s, engine_title_prefix(env))
+        watch.argv, watch.health_url, watch.hang_timeout_s = argv, health_url, hang_timeout_s
         try:
             ready = watch.until_ready(
                 health_url, models_url, completion_url, model_name, api_key,
@@ -540,6 +565,9 @@ class _Watch:
         self.stop_timeout_s = stop_timeout_s
         self.title_prefix = title_prefix
         self.result = EXIT_FAILED
+        self.argv: list[str] = []
+        self.health_url = ""
+        self.hang_timeout_s = 120.0
 
     def fail(self, why: str) -> int:
         """Stop the child (if alive), print why with its output tail, return 1."""
@@ -552,6 +580,11 @@ class _Watch:
         sd_notify(f"STATUS=failed: {why}")
         if tail:
             self.say(f"last lines of the server's {which}:\n{tail}")
+        found = diagnose(list(self.output.notable), self.argv, self.health_url)
+        if found is not None:
+            self.say(f"cause: {found.cause}")
+            if found.fix:
+                self.say(f"fix: {found.fix}")
         self.result = EXIT_FAILED
         return EXIT_FAILED
 
@@ -664,6 +697,9 @@ class _Watch:
             self.say(f"no {self.title_prefix} engine processes found; watching /health only")
         failures = 0
         next_health = time.monotonic() + health_interval_s
+        metrics_url = health_url.rpartition("/health")[0] + "/metrics"
+        progress = Progress(self.hang_timeout_s)
+        stopped_since: dict[int, float] = {}
         while True:
             done = self.check_child_and_signals()
             if done is not None:
@@ -673,14 +709,30 @@ class _Watch:
             if lost and self.proc.poll() is not None:
                 continue  # the server itself exited (its children were reparented): say that
             if lost:
-                pid, title = sorted(lost.items())[0]
-                status, _ = _request(health_url, None, request_timeout_s)
+                if len(lost) > 1 and not any(WORKER_DIED.search(x) for x in self.output.notable):
+                    time.sleep(0.5)  # vLLM's worker monitor says which died first: let it
+                pid, title = pick_lost(lost, list(self.output.notable))
+                status, _ = _request(health_url, None, min(request_timeout_s, 2.0))
                 http = "still answers" if status else "does not answer"
                 return self.fail(
-                    f"engine process {title} (pid {pid}) exited while the HTTP server "
-                    f"{http} (/health: {status or 'no answer'})"
+                    f"{lost_text(pid, title)} while the HTTP server {http} "
+                    f"(/health: {status or 'no answer'})"
                 )
-            if time.monotonic() >= next_health:
+            now = time.monotonic()
+            for pid in [p for p in engines if p in alive]:
+                if _stopped(pid):
+                    stopped_since.setdefault(pid, now)
+                else:
+                    stopped_since.pop(pid, None)
+            hung = [p for p, t in stopped_since.items() if now - t >= self.hang_timeout_s]
+            if hung:
+                pid = hung[0]
+                return self.fail(
+                    f"the engine is hung: {rank_text(engines[pid])} (pid {pid}) has been stopped "
+                    f"(state T) for {now - stopped_since[pid]:.0f} s while the HTTP server "
+                    "answers; taking the server down"
+                )
+            if now >= next_health:
                 next_health += health_interval_s
                 status, body = _request(health_url, None, request_timeout_s)
                 if status == 200:
@@ -696,4 +748,19 @@ class _Watch:
                             f"{health_url} failed {failures} times in a row; the engine is "
                             "not serving"
                         )
+                status, body = _request(metrics_url, api_key, request_timeout_s)
+                reading = (
+                    progress_reading(body.decode("utf-8", "replace")) if status == 200 else None
+                )
+                why = progress.update(reading, time.monotonic())
+                if why is not None:
+                    return self.fail(f"the engine is hung: {why}; taking the server down")
             time.sleep(poll_interval_s)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a debugger): it answers nothing until resumed."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False

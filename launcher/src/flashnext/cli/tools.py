@@ -8,12 +8,14 @@ import click
 from flashnext.cli.root import FlashnextError, main
 from flashnext.cli.serving import assess_from_settings
 from flashnext.cli.settings import PLAN_SETTINGS, options
+from flashnext.cli.soak import soak_options
 from flashnext.units import gib
 
 # Bounds of bench's numbers: each sizes requests, prompts held in memory or run time.
 MAX_CONCURRENCY = 1024
 MAX_PROMPT_TOKENS = 1 << 24  # a prompt's ids are built in memory: 16M tokens, ~0.5 GB
 MAX_RUNS = 1000
+DEADLINE_S = 3600.0
 
 
 def _csv_ints(most: int):
@@ -161,6 +163,15 @@ def _writable_dir(path: str | None) -> None:
     help="Prompt token ids are drawn from [LO, HI): inside the model's vocabulary, clear "
     "of its special tokens.",
 )
+@click.option(
+    "--deadline",
+    "deadline_s",
+    default=DEADLINE_S,
+    show_default=True,
+    type=click.FloatRange(1.0, 7 * 24 * 3600.0),
+    help="Seconds the whole bench may take: a request still open then is rejected, "
+    "whatever the server keeps sending, and the phases left are not run.",
+)
 @options("facts_file")
 @click.option(
     "--plan",
@@ -174,6 +185,7 @@ def _writable_dir(path: str | None) -> None:
     type=click.Path(file_okay=False),
     help="Write raw.jsonl and summary.json here.",
 )
+@soak_options
 @options("as_json")
 def bench(
     url: str,
@@ -186,12 +198,16 @@ def bench(
     warmup: int,
     runs: int,
     token_id_range: tuple[int, int],
+    deadline_s: float,
     facts_file: str | None,
     plan_file: str | None,
     out_dir: str | None,
     as_json: bool,
+    soak_s: float | None,
+    **soak_kw,
 ) -> None:
-    """Decode tok/s (c=1, c=4), TTFT and prefill tok/s against a running server.
+    """Decode tok/s (c=1, c=4), TTFT and prefill tok/s against a running server;
+    with --soak DURATION, a mixed workload held that long instead (docs/soak.md).
 
     Streams completions with exact token counts; any incomplete stream is
     rejected and makes the run fail (exit 1). Compares the medians with the
@@ -209,7 +225,22 @@ def bench(
 
     # Every input is read and checked before the first request: a bad one must not
     # throw a finished benchmark away.
+    longest = max(prompt_lengths, default=0)
+    if prefill_concurrency * longest > b.MAX_BATCH_PROMPT_TOKENS:
+        raise click.UsageError(
+            f"--prefill-concurrency {prefill_concurrency} x --prompt-lengths {longest} = "
+            f"{prefill_concurrency * longest} prompt tokens held at once, more than "
+            f"{b.MAX_BATCH_PROMPT_TOKENS}: lower one of them"
+        )
     api_key = load_api_key(os.environ, api_key_file)
+    if soak_s is not None:
+        from flashnext.cli.soak import run as run_soak
+
+        _writable_dir(out_dir)
+        run_soak(url=url, model=served_model_name, api_key=api_key,
+                 token_id_range=token_id_range, out_dir=out_dir, as_json=as_json,
+                 soak_s=soak_s, **soak_kw)  # fmt: skip
+        return
     facts = _json_file(facts_file, "facts file", "--facts")
     plan = _plan_file(plan_file)
     _writable_dir(out_dir)
@@ -228,6 +259,7 @@ def bench(
         warmup=warmup,
         runs=runs,
         token_id_range=token_id_range,
+        deadline_s=deadline_s,
     )
     drafted_before = b.read_spec_decode(cfg)  # MTP's counters, when the server drafts
     records = b.run_bench(cfg, progress=lambda m: click.echo(f"bench: {m}", err=True))

@@ -16,6 +16,12 @@ A stream counts only if it ends with a finish_reason, usage and `[DONE]` and
 generated exactly the tokens asked for (`ignore_eos`); anything else is
 rejected and makes the whole bench fail. Arithmetic lives in pure functions
 over recorded arrival times, so it is tested exactly.
+
+Against a bad server (tools/wire.py): memory is bounded by the options (the
+prompts of one batch, concurrency x prompt length token ids, plus capped
+bodies and lines), time by `deadline_s` over the whole bench, and garbage is a
+rejection or a BenchError, never a traceback. Credentials in the URL are used
+as basic auth and never written into results.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import re
 import statistics
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +42,7 @@ import httpx
 
 from flashnext.atomic import write_text_atomic
 from flashnext.plan import speed_basis
+from flashnext.tools import wire
 
 BENCH_SCHEMA_VERSION = 1
 
@@ -46,6 +52,11 @@ REFERENCE = {
     "decode_c4_tok_s": [152.0, 155.0],
     "prefill": {"requests": 4, "prompt_tokens": 247_823, "seconds": 368.0},
 }
+
+MAX_BATCH_PROMPT_TOKENS = 1 << 23
+"""Token ids held in memory at once (a batch's prompts; the soak's clients' prompts):
+~40 B each as a Python list and its JSON, so 8M tokens is ~350 MB, 32 full contexts
+of 262144 tokens."""
 
 TOKEN_ID_RANGE = (1_000, 100_000)
 """Prompt token ids are drawn from [lo, hi): ordinary vocabulary, clear of special tokens.
@@ -71,6 +82,9 @@ class BenchConfig:
     warmup: int = 1
     runs: int = 3
     timeout_s: float = 600.0
+    """Longest wait for one read; a request also ends at the bench's deadline."""
+    deadline_s: float = 3600.0
+    """The whole bench ends within this (a phase it cannot finish is a BenchError)."""
     seed: int = 0
     token_id_range: tuple[int, int] = TOKEN_ID_RANGE
     """Prompt token ids are drawn from [lo, hi)."""
@@ -235,15 +249,11 @@ def _row(what: str, got: float, ref: float, ref_text: str | None = None, note: s
 # ---------------------------------------------------------------- client
 
 
-def _split_url(url: str) -> tuple[str, str, int, str]:
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise BenchError(f"--url {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000")
-    base = parsed.path.rstrip("/")
-    if not base.endswith("/v1"):
-        base += "/v1"
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    return parsed.scheme, parsed.hostname, port, base + "/completions"
+def _split_url(url: str) -> wire.Target:
+    try:
+        return wire.parse_target(url)
+    except wire.WireError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def prompt_ids(n: int, rng: random.Random, id_range: tuple[int, int] = TOKEN_ID_RANGE) -> list[int]:
@@ -266,29 +276,43 @@ def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str,
 
 
 def stream_completion(
-    cfg: BenchConfig, prompt: list[int], max_tokens: int, rec: StreamRecord, clock: Callable
+    cfg: BenchConfig,
+    prompt: list[int],
+    max_tokens: int,
+    rec: StreamRecord,
+    clock: Callable,
+    deadline: float = float("inf"),
 ) -> None:
     """Send one streaming request and fill `rec` with what arrived, when (server-sent
-    events: one `data: {json}` line per chunk, then `data: [DONE]`)."""
-    scheme, host, port, path = _split_url(cfg.url)
+    events: one `data: {json}` line per chunk, then `data: [DONE]`). `deadline`
+    (time.monotonic()) ends it, whatever the server keeps sending."""
+    target = _split_url(cfg.url)
     body = completion_body(cfg.model, prompt, max_tokens)
-    headers = {"Accept": "text/event-stream"}
-    if cfg.api_key:
-        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    deadline = min(deadline, time.monotonic() + cfg.timeout_s)
+    read_s = max(0.01, min(cfg.timeout_s, deadline - time.monotonic()))
     try:
-        with httpx.Client(timeout=cfg.timeout_s) as client:
+        with httpx.Client(timeout=read_s, auth=target.auth) as client:
             rec.t_sent = clock()
-            url = f"{scheme}://{host}:{port}{path}"
-            with client.stream("POST", url, json=body, headers=headers) as resp:
+            headers = wire.headers_for(cfg.api_key, stream=True)
+            with client.stream("POST", target.completions, json=body, headers=headers) as resp:
                 if resp.status_code != 200:
-                    text = resp.read()[:200].decode("utf-8", "replace")
-                    rec.error = f"HTTP {resp.status_code}: {text}"
+                    rec.error = wire.error_text(resp.status_code, _head(resp))
                     return
-                _read_events(resp.iter_lines(), rec, clock)
+                _read_events(wire.sse_lines(resp, deadline), rec, clock)
         if not rec.arrivals and rec.error is None:
             rec.error = "no tokens arrived"
-    except (httpx.HTTPError, OSError, ValueError) as exc:
+    except (httpx.HTTPError, OSError, ValueError) as exc:  # WireError is a ValueError
         rec.error = f"{type(exc).__name__}: {exc}"
+
+
+def _head(resp: httpx.Response, limit: int = 4096) -> bytes:
+    """The first bytes of an error body (a server may send gigabytes)."""
+    got = bytearray()
+    for piece in resp.iter_bytes():
+        got += piece
+        if len(got) >= limit:
+            break
+    return bytes(got[:limit])
 
 
 def _read_events(lines: Iterable[str], rec: StreamRecord, clock: Callable) -> None:
@@ -301,25 +325,30 @@ def _read_events(lines: Iterable[str], rec: StreamRecord, clock: Callable) -> No
         if data == "[DONE]":
             rec.done = True
             break
-        chunk = json.loads(data)
-        usage = chunk.get("usage")
-        if usage:
-            rec.completion_tokens = usage.get("completion_tokens")
-            rec.usage_prompt_tokens = usage.get("prompt_tokens")
-        for choice in chunk.get("choices") or []:
+        chunk = wire.parse_chunk(data)
+        if chunk.error is not None:
+            rec.error = f"the server's error mid-stream: {str(chunk.error.get('message'))[:300]}"
+            return
+        if chunk.completion_tokens is not None or chunk.prompt_tokens is not None:
+            rec.completion_tokens = chunk.completion_tokens
+            rec.usage_prompt_tokens = chunk.prompt_tokens
+        for text in chunk.texts:
             # A chunk may carry several tokens; usage says how many so far. It
             # carries them even when its text is empty: the detokenizer holds back
             # a partial UTF-8 character and drops special tokens.
-            total = usage.get("completion_tokens") if usage else None
+            total = chunk.completion_tokens
             if total is not None:
                 if total > seen:
                     rec.arrivals.append((now, total - seen))
                     seen = total
-            elif choice.get("text"):
+            elif text:
                 rec.arrivals.append((now, 1))
                 seen += 1
-            if choice.get("finish_reason"):
-                rec.finish_reason = choice["finish_reason"]
+        if chunk.finish_reason:
+            rec.finish_reason = chunk.finish_reason
+        if seen > rec.max_tokens:  # memory: arrivals never outgrow what was asked for
+            rec.error = f"the server sent {seen} tokens, asked for {rec.max_tokens}"
+            return
 
 
 def _run_batch(
@@ -330,6 +359,7 @@ def _run_batch(
     run: int,
     warmup: bool,
     clock: Callable,
+    deadline: float = float("inf"),
 ) -> list[StreamRecord]:
     """Send len(prompts) requests at once (threads released together by a barrier)."""
     recs = [
@@ -339,7 +369,7 @@ def _run_batch(
 
     def one(i: int) -> None:
         barrier.wait()
-        stream_completion(cfg, prompts[i], max_tokens, recs[i], clock)
+        stream_completion(cfg, prompts[i], max_tokens, recs[i], clock, deadline)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -351,15 +381,17 @@ def _run_batch(
 
 def check_server(cfg: BenchConfig) -> int | None:
     """Fail fast, with the fix, when nothing serves the model; returns its max_model_len."""
-    from flashnext.serve import read_model_card
-
-    scheme, host, port, path = _split_url(cfg.url)
-    models_url = f"{scheme}://{host}:{port}{path.rpartition('/completions')[0]}/models"
-    max_len, err = read_model_card(models_url, cfg.model, cfg.api_key, timeout_s=30.0)
-    if err is not None:
-        raise BenchError(
-            f"{err}; start the server (`flashnext serve`) or fix --url/--served-model-name"
-        )
+    target = _split_url(cfg.url)
+    fix = "start the server (`flashnext serve`) or fix --url/--served-model-name"
+    try:
+        status, body = wire.get_capped(target, target.models, cfg.api_key, timeout_s=30.0)
+        if status != 200:
+            raise BenchError(f"{target.models}: {wire.error_text(status, body)}; {fix}")
+        max_len = wire.parse_model_list(body, target.models, cfg.model)
+    except httpx.HTTPError:
+        raise BenchError(f"{target.models}: no answer; {fix}") from None
+    except wire.WireError as exc:
+        raise BenchError(f"{exc}; {fix}") from None
     longest = max(
         [cfg.decode_prompt_tokens + cfg.decode_tokens, *(n + 1 for n in cfg.prompt_lengths)]
     )
@@ -378,6 +410,16 @@ def run_bench(
     check_server(cfg)
     rng = random.Random(cfg.seed)
     t0 = time.perf_counter()
+    deadline = time.monotonic() + cfg.deadline_s
+
+    def in_time(what: str) -> float:
+        if time.monotonic() >= deadline:
+            raise BenchError(
+                f"the bench's deadline of {cfg.deadline_s:g} s passed before {what}; raise "
+                "--deadline, or ask for fewer --runs, shorter --prompt-lengths or fewer "
+                "--decode-tokens"
+            )
+        return deadline
 
     def clock() -> float:
         return time.perf_counter() - t0
@@ -392,7 +434,8 @@ def run_bench(
             prompts = [
                 prompt_ids(cfg.decode_prompt_tokens, rng, cfg.token_id_range) for _ in range(conc)
             ]
-            records += _run_batch(cfg, "decode", prompts, cfg.decode_tokens, i, warm, clock)
+            at = in_time(f"decode c={conc} {which}")
+            records += _run_batch(cfg, "decode", prompts, cfg.decode_tokens, i, warm, clock, at)
     for plen in cfg.prompt_lengths:
         for i in range(cfg.warmup + cfg.runs):
             warm = i < cfg.warmup
@@ -401,7 +444,8 @@ def run_bench(
             prompts = [
                 prompt_ids(plen, rng, cfg.token_id_range) for _ in range(cfg.prefill_concurrency)
             ]
-            records += _run_batch(cfg, "prefill", prompts, 1, i, warm, clock)
+            at = in_time(f"prefill {which}")
+            records += _run_batch(cfg, "prefill", prompts, 1, i, warm, clock, at)
     return records
 
 
@@ -439,13 +483,12 @@ def parse_spec_decode(text: str) -> dict[str, float] | None:
 
 def read_spec_decode(cfg: BenchConfig) -> dict[str, float] | None:
     """The server's spec-decode counters now; None when it has none or no /metrics."""
-    scheme, host, port, _ = _split_url(cfg.url)
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    target = _split_url(cfg.url)
     try:
-        resp = httpx.get(f"{scheme}://{host}:{port}/metrics", headers=headers, timeout=10.0)
-    except httpx.HTTPError:
+        status, body = wire.get_capped(target, target.metrics, cfg.api_key, timeout_s=10.0)
+    except (httpx.HTTPError, wire.WireError):
         return None
-    return parse_spec_decode(resp.text) if resp.status_code == 200 else None
+    return parse_spec_decode(body.decode("utf-8", "replace")) if status == 200 else None
 
 
 def spec_decode_window(
@@ -506,6 +549,7 @@ def build_result(
     summary = summarize(ok) if not rejected else {"decode": [], "prefill": []}
     config = asdict(cfg)
     config.pop("api_key")
+    config["url"] = _split_url(cfg.url).public  # never user:pass@
     comparison = compare(summary, roofline_from_plan(env_fingerprint.get("plan")))
     rate, cited = (
         (spec_decode or {}).get("acceptance_rate"),

@@ -1,0 +1,20 @@
+"""Run flashnext.serve.supervise in a process of its own, as `flashnext serve` does,
+from a JSON config on argv[1]: {argv, env, executable?, options{...}}. Its log goes to
+stderr; its exit code is supervise's."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from flashnext.serve import supervise
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    return supervise(cfg["argv"], cfg["env"], executable=cfg.get("executable"),
+                     log_stream=sys.stderr, **cfg["options"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
