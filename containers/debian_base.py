@@ -83,18 +83,22 @@ PER_PACKAGE = re.compile(
 
 
 def follow(lines, out, every: float | None = None, clock=time.monotonic) -> list[str]:
-    """Show debootstrap's progress on `out`: stage lines and warnings as they come, and
-    every `every` s how many packages the current step has done. Returns the last 10
-    lines (for an error message)."""
+    """Show debootstrap's progress on `out`: stage lines and warnings as they come,
+    every `every` s how many packages the current step has done, and the totals when
+    a run of package lines ends. Returns the last 10 lines (for an error message)."""
     every = PROGRESS_EVERY if every is None else every
     started = shown = clock()
-    done: dict[str, int] = {}  # packages per step (retrieving, validating, ...)
+    done: dict[str, int] = {}  # packages per step (retrieving, validating, ...) this run
     last: list[str] = []
     for raw in lines:
         line = raw.rstrip("\n")
         last = [*last[-9:], line]
         match = PER_PACKAGE.match(line)
         if match is None:
+            if done:  # a run of package lines ended: its totals, then the stage line
+                totals = ", ".join(f"{step} {n}" for step, n in done.items())
+                print(f"debian_base: debootstrap: {totals} packages", file=out, flush=True)
+                done = {}
             print(f"debian_base: debootstrap: {line}", file=out, flush=True)
             continue
         step = (match.group(1) or match.group(2)).lower()

@@ -57,10 +57,16 @@ def test_stages_pass_through_and_packages_are_counted():
         "debian_base: debootstrap: configuring package 1, 100 s",
     ]
     assert not any("adduser 3.134" in ln for ln in shown)  # per-package lines are counted
+    # each run of package lines ends with its totals, before the next stage line
+    at = shown.index("debian_base: debootstrap: I: Chosen extractor for .deb packages: dpkg-deb")
+    assert shown[at - 1] == "debian_base: debootstrap: retrieving 3, validating 3 packages"
+    at = shown.index("debian_base: debootstrap: I: Installing core packages...")
+    assert shown[at - 1] == "debian_base: debootstrap: extracting 2 packages"
     assert last[-1] == "I: Base system installed successfully." and len(last) == 10
 
 
-def test_a_quiet_clock_prints_no_counts():
+def test_a_quiet_clock_prints_no_counts_only_totals():
     out = io.StringIO()
     follow(io.StringIO(DEBOOTSTRAP), out, every=15, clock=lambda: 0)
     assert not [ln for ln in out.getvalue().splitlines() if " package " in ln]
+    assert out.getvalue().count(" packages\n") == 4  # the 4 runs of package lines
