@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SUITE = "bookworm"
@@ -73,13 +74,50 @@ def root_key(suite: str, packages: tuple[str, ...]) -> str:
     return hashlib.sha256(f"minbase {suite} {','.join(packages)}".encode()).hexdigest()[:12]
 
 
+PROGRESS_EVERY = 15.0  # seconds between package counts while debootstrap works
+# debootstrap's per-package lines ("I: Retrieving libc6 2.36-9", "I: Unpacking
+# libc6:amd64..."): hundreds of them, shown as a count; its stage lines as they are.
+PER_PACKAGE = re.compile(
+    r"^I: (Retrieving|Validating) \S+ \S+$|^I: (Extracting|Unpacking|Configuring) \S+\.\.\.$"
+)
+
+
+def follow(lines, out, every: float | None = None, clock=time.monotonic) -> list[str]:
+    """Show debootstrap's progress on `out`: stage lines and warnings as they come,
+    every `every` s how many packages the current step has done, and the totals when
+    a run of package lines ends. Returns the last 10 lines (for an error message)."""
+    every = PROGRESS_EVERY if every is None else every
+    started = shown = clock()
+    done: dict[str, int] = {}  # packages per step (retrieving, validating, ...) this run
+    last: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\n")
+        last = [*last[-9:], line]
+        match = PER_PACKAGE.match(line)
+        if match is None:
+            if done:  # a run of package lines ended: its totals, then the stage line
+                totals = ", ".join(f"{step} {n}" for step, n in done.items())
+                print(f"debian_base: debootstrap: {totals} packages", file=out, flush=True)
+                done = {}
+            print(f"debian_base: debootstrap: {line}", file=out, flush=True)
+            continue
+        step = (match.group(1) or match.group(2)).lower()
+        done[step] = done.get(step, 0) + 1
+        now = clock()
+        if now - shown >= every:
+            shown = now
+            print(f"debian_base: debootstrap: {step} package {done[step]}, "
+                  f"{shown - started:.0f} s", file=out, flush=True)  # fmt: skip
+    return last
+
+
 def debian_rootfs(suite: str, packages: tuple[str, ...], cache: Path = CACHE) -> Path:
     """A debootstrap'd minbase root, cached by suite and packages."""
     out = cache / "containers" / f"debian-{suite}-{root_key(suite, packages)}"
     if out.is_dir():
         return out
     if shutil.which("debootstrap") is None:
-        raise BaseError("debootstrap is missing: apt-get install -y debootstrap")
+        raise BaseError("debootstrap is missing: apt-get update && apt-get install -y debootstrap")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".debian-{suite}-"))
     try:
@@ -88,9 +126,12 @@ def debian_rootfs(suite: str, packages: tuple[str, ...], cache: Path = CACHE) ->
         if mirror := host_debian_mirror():
             cmd.append(mirror)
         print(f"debian_base: {' '.join(cmd)}", file=sys.stderr)
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        with subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc:
+            last = follow(proc.stdout, sys.stderr)
         if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.splitlines()[-10:])
+            tail = "\n".join(last)
             raise BaseError(
                 f"debootstrap {suite} failed (exit {proc.returncode}):\n{tail}\n"
                 "Check that this host's apt can reach its Debian mirror (apt-get update) "

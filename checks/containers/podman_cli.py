@@ -6,7 +6,7 @@ vfs otherwise (works rootless everywhere, but copies the image per container).
 One directory per driver, since podman cannot switch a store's driver. runc
 and cgroupfs because crun and systemd cgroups fail on hybrid cgroup hosts;
 the nofile/nproc ulimits because podman's defaults exceed what such hosts
-allow (TOOLING.md).
+allow (containers/README.md, "podman settings").
 """
 
 from __future__ import annotations

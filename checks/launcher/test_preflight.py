@@ -236,3 +236,29 @@ def test_an_api_bound_beyond_loopback_without_a_key_is_a_warning(
     if expected == "warn":
         assert exposure.message.startswith(f"--host {host} exposes the API beyond this machine")
         assert "--api-key-file FILE" in exposure.fix and "--host 127.0.0.1" in exposure.fix
+
+
+def test_a_missing_table_in_a_container_is_prepared_through_the_image(full_skeleton, full_model):
+    """Issue 43: inside the image the fix named `--out` on the container's read-only
+    table mount. There it says to run the image with the host directory read-write."""
+    import dataclasses
+
+    from flashnext import __version__
+
+    def missing(in_container: bool):
+        facts = base_facts()
+        storage = dict(facts.storage)
+        storage["table"] = dataclasses.replace(storage["table"], exists=False)
+        facts = dataclasses.replace(facts, storage=storage, in_container=in_container)
+        return by_id(run(facts, full_skeleton, full_model))["table.path"]
+
+    host = missing(False)
+    assert host.fix == f"flashnext table prepare --model {full_skeleton} --out {TABLE}"
+    inside = missing(True)
+    assert inside.level == "fail" and inside.measured == "missing"
+    assert (
+        f"podman run --rm --entrypoint flashnext -v MODEL_DIR:{full_skeleton}:ro "
+        f"-v TABLE_DIR:/nvme/flashnext localhost/flashnext:{__version__} table prepare "
+        f"--model {full_skeleton} --out {TABLE}" in inside.fix
+    )
+    assert "\n" not in inside.fix

@@ -16,7 +16,8 @@ from flashnext.facts.collect import collect_host_facts
 from flashnext.facts.schema import to_jsonable
 from flashnext.tools import report
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "3x3090-nvme.json"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "checks" / "fixtures" / "facts" / "3x3090-nvme.json"
 
 
 def personal_facts() -> dict:
@@ -221,3 +222,38 @@ def test_env_versions_come_from_metadata(tmp_path):
     assert v["python"] == platform.python_version()
     assert v["vllm"] == "N/A"  # the launcher venv has no vLLM, and says so
     assert "unavailable" in report.env_versions(str(tmp_path / "no-python"))
+
+
+FIX_LINE = "fix table.path: flashnext table prepare --out /opt/flashnext/ple.bin"
+
+
+def test_a_service_accounts_name_is_a_product_word_and_stays():
+    """Issue 43: inside the image `report` ran as the service user `flashnext`, and
+    redacting that name turned /opt/flashnext and every fix line into `<user>`."""
+    service = ("flashnext", "/usr/sbin/nologin", "/var/cache/flashnext")
+    red = report.redactor_for_this_host({"hostname": "gpubox-7"}, account=service)
+    assert red.text(f"{FIX_LINE} on gpubox-7") == f"{FIX_LINE} on <hostname>"
+    assert red.text("/var/cache/flashnext/triton") == "/var/cache/flashnext/triton"
+    # the same name on a person's account (a login shell) is still that person's
+    person = ("flashnext", "/bin/bash", "/home/flashnext")
+    red = report.redactor_for_this_host({"hostname": "gpubox-7"}, account=person)
+    assert red.text(FIX_LINE) == "fix table.path: <user> table prepare --out /opt/<user>/ple.bin"
+    assert red.text("/home/flashnext/m") == "~/m"
+
+
+def test_which_accounts_are_services():
+    for shell in ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false"):
+        assert report.is_service_account(shell), shell
+    for shell in ("/bin/bash", "/usr/bin/zsh", "/bin/sh", "", None):
+        assert not report.is_service_account(shell), shell
+    # no passwd entry, a name from the environment: counted as a person's
+    red = report.redactor_for_this_host({}, account=("alice", None, "/home/alice"))
+    assert red.text("alice at /home/alice/x") == "<user> at ~/x"
+
+
+def test_the_images_user_is_a_service_account():
+    """The Containerfile makes `flashnext` with a shell the rule above reads as a service's."""
+    text = (REPO / "containers" / "Containerfile").read_text()
+    useradd = re.search(r"useradd ([^;]*)", text.replace("\\\n", " ")).group(1).split()
+    assert useradd[-1] == "flashnext"
+    assert report.is_service_account(useradd[useradd.index("--shell") + 1])

@@ -202,6 +202,53 @@ def test_readme_rows_are_series_entries() -> None:
     assert sorted(set(rows) - ids) == []
 
 
+UPSTREAM = "https://github.com/vllm-project/vllm/"
+NOT_FOUND = "not found upstream (searched vllm-project/vllm issues and PRs: "
+
+
+def field(name: str, key: str) -> str:
+    """A header field's value, its continuation lines joined."""
+    text = "\n".join(header(name))
+    match = re.search(rf"^{key}: (.*(?:\n .*)*)", text, re.M)
+    return " ".join(match.group(1).split()) if match else ""
+
+
+def readme_upstream(name: str) -> str:
+    """The series table's last cell for a patch: where upstream stands."""
+    patch_id = name.removesuffix(".patch")
+    row = next(ln for ln in README.read_text().splitlines() if ln.startswith(f"| {patch_id} |"))
+    return row.rstrip(" |").rsplit(" | ", 1)[1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bug_names_upstream_or_the_search(name: str) -> None:
+    """Bug: an upstream vLLM issue/PR URL the table names too, or "not found upstream"
+    with the terms searched, which the table says as well; Forwarded stays "no"."""
+    bug, cell = field(name, "Bug"), readme_upstream(name)
+    if bug.startswith(UPSTREAM):
+        assert re.fullmatch(rf"{UPSTREAM}(issues|pull)/\d+", bug), bug
+        assert f"]({bug})" in cell, f"patches/README.md's upstream column must link {bug}"
+        assert not cell.startswith("not found"), cell
+    else:
+        assert bug.startswith(NOT_FOUND) and bug.endswith(")"), (
+            f"{name}: Bug must be an upstream URL or '{NOT_FOUND}<terms>)', not {bug!r}"
+        )
+        assert cell.startswith("not found"), f"{name}: the table says {cell!r}"
+    assert field(name, "Forwarded") == "no"
+
+
+def test_bug_check_fails_on_a_mismatch(monkeypatch) -> None:
+    """The check above can fail: a Bug URL the table does not link."""
+    name = next(n for n in NAMES if field(n, "Bug").startswith(UPSTREAM))
+    real = field
+    monkeypatch.setitem(
+        globals(), "field",
+        lambda n, k: f"{UPSTREAM}issues/1" if k == "Bug" else real(n, k),
+    )  # fmt: skip
+    with pytest.raises(AssertionError, match="upstream column must link"):
+        test_bug_names_upstream_or_the_search(name)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_patch_has_a_proof(name: str) -> None:
     """A proves() test here, or (kernels without a vLLM caller yet) a named checks/ path."""

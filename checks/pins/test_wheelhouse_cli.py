@@ -44,3 +44,28 @@ def test_a_python_without_a_lock_is_refused_with_the_fix(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("pins/wheelhouse: error: no lock for CPython 3.9")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_download_reports_progress_while_pip_is_quiet(tmp_path, monkeypatch, capfd):
+    """Issue 43: the wheel download printed nothing for 1.5 minutes. While pip runs
+    (quiet, no bar), a line every PROGRESS_EVERY s says how many wheels are here.
+    pip itself would need the index; a stand-in 'python' writes wheels slowly."""
+    from pinkit.target import Target
+
+    lock = tmp_path / "requirements.txt"
+    lock.write_text("# a lock\na==1 \\\n    --hash=sha256:00\nb==2 \\\n    --hash=sha256:11\n")
+    dest = tmp_path / "wheels"
+    dest.mkdir()
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"sleep 0.3; head -c 1000000 /dev/zero > {dest}/a-1-py3-none-any.whl\n"
+        f"sleep 0.6; head -c 1000000 /dev/zero > {dest}/b-2-py3-none-any.whl\nsleep 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(wheelhouse, "PROGRESS_EVERY", 0.2)
+    wheelhouse.download(str(fake), Target("3.11"), lock, dest)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("wheelhouse: ")]
+    assert len(lines) >= 3, lines
+    assert lines[0].startswith("wheelhouse: 0 of 2 wheels here (0.00 GB)")
+    assert lines[-1].startswith("wheelhouse: 2 of 2 wheels here (0.00 GB)")

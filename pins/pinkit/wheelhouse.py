@@ -9,9 +9,12 @@ lock's hashes; the `.complete` marker is written only after that succeeded.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from .lockfile import Pin, canonical_name
@@ -85,6 +88,29 @@ def _link_or_copy(source: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
+PROGRESS_EVERY = 15.0  # seconds between progress lines while pip downloads
+
+
+def report_progress(proc: subprocess.Popen, wheelhouse: Path, want: int, every=None) -> None:
+    """Until proc ends, print how many wheels (and bytes) the wheelhouse holds now."""
+    every = PROGRESS_EVERY if every is None else every
+    started = time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=every)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        files = [f for f in wheelhouse.glob("*.whl") if f.is_file()]
+        size = sum(f.stat().st_size for f in files)
+        print(
+            f"wheelhouse: {len(files)} of {want} wheels here ({size / 1e9:.2f} GB), "
+            f"{time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def download(python: str, target: Target, lock: Path, wheelhouse: Path) -> None:
     """Fetch the missing locked wheels with pip (which checks every hash)."""
     argv = [
@@ -103,9 +129,16 @@ def download(python: str, target: Target, lock: Path, wheelhouse: Path) -> None:
         "-r",
         str(lock),
     ]
-    proc = subprocess.run(argv, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False)
+    want = sum(1 for ln in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", ln))
+    with subprocess.Popen(argv, stdout=sys.stderr, stderr=subprocess.PIPE, text=True) as proc:
+        # pip is quiet (its bar would flood a log); say every PROGRESS_EVERY s how far it is
+        watch = threading.Thread(target=report_progress, args=(proc, wheelhouse, want), daemon=True)
+        watch.start()
+        stderr = proc.stderr.read()
+        proc.wait()
+        watch.join()
     if proc.returncode != 0:
-        tail = [line for line in proc.stderr.splitlines() if "is ignored" not in line][-20:]
+        tail = [line for line in stderr.splitlines() if "is ignored" not in line][-20:]
         raise WheelhouseError(
             "pip download of the locked wheels failed:\n"
             + "\n".join(tail)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flashnext import __version__
 from flashnext.checks.finding import Finding
 from flashnext.checks.inputs import PreflightInput, _facts_lack, _ok
 from flashnext.facts.schema import StorageFacts
@@ -53,7 +54,9 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
             "missing",
             inp.table_path,
             f"{inp.table_path} does not exist",
-            f"flashnext table prepare --model {inp.model_dir or 'DIR'} --out {inp.table_path}",
+            _prepare_fix(inp)
+            if inp.facts.in_container
+            else f"flashnext table prepare --model {inp.model_dir or 'DIR'} --out {inp.table_path}",
         )
         return
     if not st.is_regular_file:
@@ -77,6 +80,22 @@ def table(inp: PreflightInput) -> Iterator[Finding]:
         )
     yield from _table_size(inp, st)
     yield from _table_medium(inp, st)
+
+
+def _prepare_fix(inp: PreflightInput) -> str:
+    """Inside a container the table's directory is a mount the run line makes read-only
+    (containers/README.md): `--out` there cannot write. Prepare it with the image and
+    the host's directory mounted read-write; the host paths are not visible from here,
+    so they are named MODEL_DIR and TABLE_DIR."""
+    model = inp.model_dir or "/models/qwen3.8-flash-next"
+    table_dir = str(Path(inp.table_path).parent)
+    return (
+        "prepare it from the host, with the image and the table's host directory mounted "
+        f"read-write: podman run --rm --entrypoint flashnext -v MODEL_DIR:{model}:ro "
+        f"-v TABLE_DIR:{table_dir} localhost/flashnext:{__version__} table prepare "
+        f"--model {model} --out {inp.table_path}  (MODEL_DIR, TABLE_DIR: the host "
+        f"directories mounted at {model} and {table_dir}; containers/README.md)"
+    )
 
 
 def _interrupted_prepare(inp: PreflightInput) -> Finding | None:

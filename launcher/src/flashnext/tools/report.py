@@ -7,7 +7,9 @@ redaction context. A part that could not be collected is recorded as
 
 Redacted: the hostname, the user's name, serial numbers and UUIDs, MAC and
 non-loopback IP addresses, secrets (values of keys that look like keys, tokens,
-passwords), and paths under $HOME (shown as `~/...`).
+passwords), and paths under $HOME (shown as `~/...`). The user's name and home
+only when the account is a person's: a service account (a no-login shell, as
+the image's `flashnext` user has) keeps them, since they are product words.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import pwd
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -136,22 +139,53 @@ class Redactor:
         return obj
 
 
-def redactor_for_this_host(facts: dict[str, Any] | None) -> Redactor:
+# Login shells of accounts nobody logs in to (`useradd --system --shell
+# /usr/sbin/nologin`, as the image's `flashnext` user is made).
+NO_LOGIN_SHELLS = frozenset({"nologin", "false"})
+
+
+def is_service_account(shell: str | None) -> bool:
+    """A passwd entry whose shell lets nobody log in names a service, not a person.
+
+    Its name and home are product words (the image's user `flashnext` owns
+    /opt/flashnext and runs `flashnext ...`): redacting them would turn every
+    path and fix line into `<user>` and hide nothing about anyone.
+    """
+    return bool(shell) and Path(shell).name in NO_LOGIN_SHELLS
+
+
+def redactor_for_this_host(facts: dict[str, Any] | None, account=None) -> Redactor:
+    """The redactor for the invoking user; `account` is (name, shell, home), else read
+    from the passwd entry. A person's name and home are redacted, a service's are not;
+    without a passwd entry the name from the environment counts as a person's."""
     hostname = (facts or {}).get("hostname") or platform.node() or None
+    if account is None:
+        account = _invoking_account()
+    name, shell, home = account
+    # Under sudo the invoking person (SUDO_USER) is redacted whatever account runs it.
+    sudo_user, sudo_home = _sudo_invoker(name)
+    if is_service_account(shell):
+        return Redactor(hostname=hostname, sudo_user=sudo_user, sudo_home=sudo_home)
+    return Redactor(hostname=hostname, username=name, home=home, sudo_user=sudo_user,
+                    sudo_home=sudo_home)  # fmt: skip
+
+
+def _invoking_account() -> tuple[str | None, str | None, str]:
+    home = os.path.expanduser("~")
     try:
-        username = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (containers)
-        username = None
-    sudo_user, sudo_home = _sudo_invoker(username)
-    return Redactor(hostname=hostname, username=username, home=os.path.expanduser("~"),
-                    sudo_user=sudo_user, sudo_home=sudo_home)  # fmt: skip
+        entry = pwd.getpwuid(os.geteuid())
+        return entry.pw_name, entry.pw_shell, home
+    except KeyError:  # no passwd entry (an arbitrary --user in a container)
+        pass
+    try:
+        return getpass.getuser(), None, home
+    except (KeyError, OSError):
+        return None, None, home
 
 
 def _sudo_invoker(username: str | None) -> tuple[str | None, str | None]:
     """(name, home) of the person behind `sudo flashnext report` (SUDO_USER), whose paths
     and name the report would otherwise carry; (None, None) when not under sudo."""
-    import pwd
-
     sudo_user = os.environ.get("SUDO_USER") or None
     if not sudo_user or sudo_user == username:
         return None, None
