@@ -19,7 +19,8 @@ checks/gpu/results): for the CPU test of this script only.
 
 Device time: PP=3 on one H200 starts in ~190 s, so 190 + SOAK_S + IDLE_S + ~30 s for
 the fault: ~580 s with the defaults, near a device call's 600 s. Start it in the
-background (`nohup ... > OUT_DIR/run.log 2>&1 &`) and read the results in a second
+background in a session of its own (`setsid nohup ... > /root/soak/run.log 2>&1 &`,
+OUT_DIR outside $OUT, which the next call empties) and read the results in a second
 call, or lower SOAK_S (the issue asks for at least 300).
 """
 
