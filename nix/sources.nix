@@ -38,6 +38,8 @@ in
     ../launcher
     ../checks/launcher
     ../checks/fixtures
+    # The stand-in's faults under load (checks/launcher/test_serve_faults.py).
+    ../checks/faults
     # The bootstrap's venv cache (checks/launcher/test_launcher_venv_cache.py).
     ../checks/lib.sh
     # `flashnext report` lists the checkout's patch series.
@@ -51,6 +53,10 @@ in
     ../README.md
     ../flashnext
     ../pins
+    # The README's test command is the CI's (test_readme_commands.py), and the
+    # image's service account is read from its Containerfile (test_report.py).
+    ../.ci/run
+    ../containers/Containerfile
   ];
   pinsChecks = source [
     ../pins

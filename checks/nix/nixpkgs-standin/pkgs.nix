@@ -77,6 +77,7 @@ let
     pydantic = tool "python3.12-pydantic";
     safetensors = tool "python3.12-safetensors";
     numpy = tool "python3.12-numpy";
+    matplotlib = tool "python3.12-matplotlib";
     setuptools = tool "python3.12-setuptools";
     makePythonPath = lib.makeSearchPath "lib/python3.12/site-packages";
   };

@@ -43,7 +43,8 @@ def probe_manifest(table_path: str | os.PathLike[str]) -> ManifestFacts:
     try:
         doc = parse_json(raw, path, "table manifest")
     except JsonFileError as exc:
-        return ManifestFacts(path=path, exists=True, error=str(exc).removeprefix(f"{path}: "))
+        why = str(exc).removeprefix(f"{path}: ").removesuffix(", so not a table manifest")
+        return ManifestFacts(path=path, exists=True, error=why)
     if not isinstance(doc, dict):
         return ManifestFacts(
             path=path, exists=True, error=f"not a JSON object (a JSON {_json_kind(doc)})"
