@@ -379,19 +379,25 @@ def _run_batch(
     return recs
 
 
-def check_server(cfg: BenchConfig) -> int | None:
-    """Fail fast, with the fix, when nothing serves the model; returns its max_model_len."""
-    target = _split_url(cfg.url)
+def served_context(target: wire.Target, api_key: str | None, model: str) -> int | None:
+    """The served model's max_model_len from /v1/models (None: the server gives none);
+    BenchError with the fix when nothing serves it (bench and the soak alike)."""
     fix = "start the server (`flashnext serve`) or fix --url/--served-model-name"
     try:
-        status, body = wire.get_capped(target, target.models, cfg.api_key, timeout_s=30.0)
+        status, body = wire.get_capped(target, target.models, api_key, timeout_s=30.0)
         if status != 200:
             raise BenchError(f"{target.models}: {wire.error_text(status, body)}; {fix}")
-        max_len = wire.parse_model_list(body, target.models, cfg.model)
+        return wire.parse_model_list(body, target.models, model)
     except httpx.HTTPError:
         raise BenchError(f"{target.models}: no answer; {fix}") from None
     except wire.WireError as exc:
         raise BenchError(f"{exc}; {fix}") from None
+
+
+def check_server(cfg: BenchConfig) -> int | None:
+    """Fail fast, with the fix, when nothing serves the model; returns its max_model_len."""
+    target = _split_url(cfg.url)
+    max_len = served_context(target, cfg.api_key, cfg.model)
     longest = max(
         [cfg.decode_prompt_tokens + cfg.decode_tokens, *(n + 1 for n in cfg.prompt_lengths)]
     )

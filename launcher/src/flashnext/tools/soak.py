@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from flashnext.tools import prom, wire
-from flashnext.tools.bench import TOKEN_ID_RANGE, BenchError, prompt_ids
+from flashnext.tools.bench import TOKEN_ID_RANGE, BenchError, prompt_ids, served_context
 
 SOAK_SCHEMA_VERSION = 1
 
@@ -370,16 +370,7 @@ class SoakRun:
 
 
 def read_context(target: wire.Target, cfg: SoakConfig) -> int:
-    fix = "start the server (`flashnext serve`) or fix --url/--served-model-name"
-    try:
-        status, body = wire.get_capped(target, target.models, cfg.api_key, timeout_s=30.0)
-        if status != 200:
-            raise BenchError(f"{target.models}: {wire.error_text(status, body)}; {fix}")
-        context = wire.parse_model_list(body, target.models, cfg.model)
-    except httpx.HTTPError:
-        raise BenchError(f"{target.models}: no answer; {fix}") from None
-    except wire.WireError as exc:
-        raise BenchError(f"{exc}; {fix}") from None
+    context = served_context(target, cfg.api_key, cfg.model)
     if context is None:
         raise BenchError(
             f"{target.models} gives no max_model_len: the soak draws prompts up "
