@@ -36,7 +36,8 @@ def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
     env.pop("VLLM_API_KEY", None)
     env.update(
         PATH=os.pathsep.join([str(STANDIN_DIR), env["PATH"]]), PYTHONPATH=str(patched),
-        PORT=str(port), SOAK_S="3", IDLE_S="1", STARTUP_S="30", FLASHNEXT_FACTS=str(facts),
+        PORT=str(port), SOAK_S="3", IDLE_S="2", SOAK_INTERVAL_S="1", STARTUP_S="30",
+        FLASHNEXT_FACTS=str(facts),
         RESULTS_DIR=str(tmp_path / "results"), VLLM_PROCESS_NAME_PREFIX=f"SOAK{port}",
         STANDIN_PP_WORKERS="1", STANDIN_TOKEN_INTERVAL_S="0.01",
     )  # fmt: skip
@@ -52,7 +53,13 @@ def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
     assert doc["lost"] == 0 and doc["requests"] > 0
     assert sum(doc["outcomes"].values()) == doc["requests"]
     rss = doc["memory"]["rss"]
-    assert rss["before"] and rss["after"] and rss["peak"]
+    assert rss["before"] and rss["after"] and rss["peak"] and rss["at_ready"]
+    # the soak's growth verdict, its levels the contract's before and after
+    growth = doc["memory"]["growth"]
+    assert growth["idle_s"] == 2 and growth["rss"]["verdict"] == "ok", growth
+    assert (rss["before"], rss["after"]) == (growth["rss"]["after_warmup"],
+                                             growth["rss"]["after_idle"])  # fmt: skip
+    assert {growth[k]["verdict"] for k in ("pinned", "gpu")} <= {"ok", "unknown"}
     (fault,) = doc["faults"]
     assert fault.keys() >= FAULT_KEYS
     assert fault["exit_code"] == 1 and fault["leftover_processes"] == 0

@@ -13,9 +13,9 @@ which is also written to checks/gpu/results/soak-RUN.json.
 
 Env: PROFILE (default h200-tiny-pp3), PP_ONE_GPU (default 1: the profile's three
 GPUs emulated on the host's one, checks/gpu/pp3/emulation.py), FLASHNEXT_MTP
-(default 1: MTP K=1), PORT (8000), SOAK_S (300), IDLE_S (60), STARTUP_S (480),
-FLASHNEXT_FACTS (replayed host facts) and RESULTS_DIR (instead of
-checks/gpu/results): for the CPU test of this script only.
+(default 1: MTP K=1), PORT (8000), SOAK_S (300), SOAK_INTERVAL_S (10), IDLE_S (60: the
+soak's --soak-idle), STARTUP_S (480), FLASHNEXT_FACTS (replayed host facts) and
+RESULTS_DIR (instead of checks/gpu/results): for the CPU test of this script only.
 
 Device time: PP=3 on one H200 starts in ~190 s, so 190 + SOAK_S + IDLE_S + ~30 s for
 the fault: ~580 s with the defaults, near a device call's 600 s. Start it in the
@@ -48,6 +48,7 @@ EMULATED = ENV.get("PP_ONE_GPU", "1") == "1"
 PORT = int(ENV.get("PORT", "8000"))
 SOAK_S = float(ENV.get("SOAK_S", "300"))
 IDLE_S = float(ENV.get("IDLE_S", "60"))
+SOAK_INTERVAL_S = float(ENV.get("SOAK_INTERVAL_S", "10"))  # warm-up: the first interval
 STARTUP_S = float(ENV.get("STARTUP_S", "480"))
 MTP = ENV.get("FLASHNEXT_MTP", "1")
 PREFIX = ENV.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
@@ -212,14 +213,15 @@ def main(argv: list[str]) -> int:
                 titles[p.pid] = next(iter(p.cmdline()), "")
             except Exception:  # noqa: BLE001 (exited while we looked)
                 continue
-        memory["warm"] = memory_now(pid)
+        memory["ready"] = memory_now(pid)
+        # the idle stretch is the soak's own (--soak-idle): it samples it and judges growth
         res = fx("bench", "--url", f"http://127.0.0.1:{PORT}", "--soak", str(SOAK_S),
-                 "--token-id-range", TOKEN_IDS, "--out", str(out / "soak"), "--json",
-                 timeout=SOAK_S + 900)  # fmt: skip
+                 "--soak-idle", str(IDLE_S), "--soak-interval", str(SOAK_INTERVAL_S),
+                 "--token-id-range", TOKEN_IDS,
+                 "--out", str(out / "soak"), "--json", timeout=SOAK_S + IDLE_S + 900)  # fmt: skip
         say(f"soak: exit {res.returncode}")
         soak = json.loads(res.stdout) if res.stdout.strip().startswith("{") else {}
-        time.sleep(IDLE_S)
-        memory["idle"] = memory_now(pid)
+        say(f"growth: {json.dumps({k: g.get('verdict') for k, g in growth_of(soak).items()})}")
         verdict = sigkill_rank(serve, log, titles, baseline_gpu)
         say(f"fault: {json.dumps({k: verdict[k] for k in ('exit_code', 'detected_s')})}")
     finally:
@@ -242,14 +244,27 @@ def main(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
+def growth_of(soak: dict) -> dict:
+    """The soak's verdict per quantity (launcher/src/flashnext/tools/growth.py)."""
+    g = soak.get("growth") or {}
+    return {k: g[k] for k in ("rss", "pinned", "gpu") if isinstance(g.get(k), dict)}
+
+
 def results(run: str, soak: dict, memory: dict, verdict: dict) -> dict:
-    """Issue 41's contract: memory before = after warm-up, after = after the idle
-    stretch, peak = the highest sample during the soak."""
-    mem = {}
+    """Issue 41's contract: memory before = the level after warm-up (the soak's second
+    interval), after = the level after the idle stretch, peak = the highest sample of
+    the soak and its idle stretch; growth = the soak's verdict per quantity, its bounds
+    and windows (docs/soak.md), and `at_ready` the sample before the first request."""
+    mem: dict = {}
+    judged = growth_of(soak)
     for key in ("rss", "pinned", "gpu"):
         peak = soak.get("memory", {}).get(key, {}).get("peak")
-        before, after = memory.get("warm", {}).get(key), memory.get("idle", {}).get(key)
-        mem[key] = {"before": before, "after": after, "peak": peak}
+        g = judged.get(key, {})
+        mem[key] = {"before": g.get("after_warmup"), "after": g.get("after_idle"), "peak": peak,
+                    "at_ready": memory.get("ready", {}).get(key)}  # fmt: skip
+    mem["growth"] = soak.get("growth") or {
+        "verdict": "unknown", "why": "the soak gave no result (see its output above)"
+    }  # fmt: skip
     return {
         "run": run,
         "setup": "our pinned vLLM 0.33.0 (patched, the kit) on the host's torch 2.11, the tiny "

@@ -12,7 +12,8 @@ Every request ends as one outcome (`OUTCOMES`); `lost` counts those that did not
 end in a completion, a clear HTTP error (a status >= 400, or vLLM's error chunk
 in the stream) or our own disconnect: cut, broken or past their deadline. Time
 is bounded: no request is sent after the duration, each ends by its deadline, so
-the soak ends within duration + request deadline. Memory is bounded by the
+the soak ends within duration + request deadline (+ the idle stretch, when asked
+for, in which only memory is sampled: tools/growth.py judges it). Memory is bounded by the
 options: clients x the longest prompt of token ids, and one record per request
 (at most max_requests), its latencies in a float array.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from flashnext.tools import prom, wire
+from flashnext.tools import growth, prom, wire
 from flashnext.tools.bench import TOKEN_ID_RANGE, BenchError, prompt_ids, served_context
 
 SOAK_SCHEMA_VERSION = 1
@@ -70,6 +71,8 @@ class SoakConfig:
     interval_s: float = 10.0
     request_deadline_s: float = 600.0
     max_requests: int = 100_000
+    idle_s: float = 0.0
+    """After the soak, sample memory this long with nothing sent (tools/growth.py)."""
     seed: int = 0
     token_id_range: tuple[int, int] = TOKEN_ID_RANGE
 
@@ -367,6 +370,8 @@ class SoakRun:
     samples: list[dict[str, Any]]
     counters_before: dict[str, float] | None
     counters_after: dict[str, float] | None
+    idle_from_s: float = 0.0
+    """When the idle stretch began (soak time): after the counters settled."""
 
 
 def read_context(target: wire.Target, cfg: SoakConfig) -> int:
@@ -467,11 +472,21 @@ def run_soak(
     sampler_thread.join(5.0)
     span = clock()
     counters_after = settle_counters(target, cfg.api_key, counters_before)
+    idle_from = clock()
     take_sample()
+    if cfg.idle_s > 0:
+        say(f"soak: idle for {cfg.idle_s:g} s, sampling memory")
+        while clock() < idle_from + cfg.idle_s:
+            time.sleep(
+                max(0.0, min(max(0.5, cfg.interval_s / 2), idle_from + cfg.idle_s - clock()))
+            )
+            take_sample()
     for rec in records:
         if rec.outcome is None:  # a thread still stuck past every deadline
             rec.outcome, rec.error = "timed_out", "never ended"
-    return SoakRun(records, timeline, span, context, samples, counters_before, counters_after)
+    return SoakRun(
+        records, timeline, span, context, samples, counters_before, counters_after, idle_from
+    )
 
 
 def settle_counters(
@@ -615,6 +630,9 @@ def build_result(cfg: SoakConfig, run: SoakRun, server: dict[str, Any]) -> dict[
         "overall": run.timeline.overall(run.span_s),
         "intervals": run.timeline.rows(run.span_s),
         "memory": memory_summary(run.samples),
+        "growth": growth.judge(
+            run.samples, cfg.interval_s, run.span_s, run.idle_from_s, cfg.idle_s
+        ),
         "samples": run.samples,
         "vllm_counters": {
             "before": run.counters_before,
