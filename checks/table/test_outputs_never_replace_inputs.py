@@ -105,3 +105,13 @@ def test_table_tools_never_follow_an_index_entry_outside_the_model(ckpt, tmp_pat
         result.output
     )
     assert not table.exists()
+
+
+def test_a_table_path_that_is_a_symlink_loop_is_named_so(ckpt, tmp_path):
+    """Issue 39 class 10: a loop is named as a loop, not as a missing table."""
+    loop = tmp_path / "ple.bin"
+    loop.symlink_to(loop.name)
+    result = invoke("table", "verify", "--model", str(ckpt.path), "--table", str(loop))
+    assert result.exit_code == 1
+    assert f"{loop}: a symlink loop (it never reaches a file)" in result.output
+    assert "no such file" not in result.output

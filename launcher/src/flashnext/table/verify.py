@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flashnext.facts.jsonfile import JsonFileError, read_json_object
 from flashnext.facts.manifest import MAX_MANIFEST_BYTES
+from flashnext.read_errors import not_a_file
 from flashnext.table.errors import TableError
 from flashnext.table.file_layout import (
     LAYOUTS,
@@ -160,6 +161,9 @@ def _check_table_path(path: Path, model_dir: str | os.PathLike[str]) -> None:
             f"{path}: {kind}, not a table file",
             fix=f"pass --table the file `flashnext table prepare --out` wrote{inside}",
         )
+    broken = not_a_file(path)  # a symlink loop or a link to nothing is no missing table
+    if broken and not path.exists():
+        raise TableError(broken, fix="point --table at the file `flashnext table prepare` wrote")
     if not path.is_file():
         partial = paths_for(path.absolute())[0]
         hint = f" ({partial.name} exists: prepare was interrupted)" if partial.exists() else ""
