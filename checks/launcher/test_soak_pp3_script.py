@@ -66,3 +66,13 @@ def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
     assert fault["clients"]["hung"] == 0 and fault["clients"]["errored"] == 3
     assert f"flashnext: error: pipeline rank 1 (SOAK{port}::Worker_PP1" in fault["message"]
     assert (out / "soak" / "soak.png").exists() and (out / "serve.log").exists()
+    # before the soak: the plan serve ran, and the c=1/c=4 bench read per concurrency
+    plan = json.loads((out / "plan.json").read_text())
+    assert doc["memory"]["plan_pinned_bytes"] == plan["pinned_bytes_needed"] > 0
+    bench = doc["bench"]
+    assert bench["exit_code"] == 0, bench
+    assert bench["c=1"]["stream_tok_s"] > 0 and bench["c=4"]["aggregate_tok_s"] > 0
+    assert bench["c4_over_c1_stream"] == round(
+        bench["c=4"]["stream_tok_s"] / bench["c=1"]["stream_tok_s"], 3
+    )
+    assert "soak_pp3.py MODEL TABLE OUT t1" in doc["command"]

@@ -53,6 +53,11 @@ STARTUP_S = float(ENV.get("STARTUP_S", "480"))
 MTP = ENV.get("FLASHNEXT_MTP", "1")
 PREFIX = ENV.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
 TOKEN_IDS = "1000,32000"  # the tiny checkpoint's vocabulary is 32768
+# Before the soak, serve-tiny's short bench (c=1 and c=4, 64 decode tokens): issue 42
+# item 2 reads from it whether c=4 rides the plan's decode graphs. BENCH=0 skips it.
+BENCH = ENV.get("BENCH", "1") == "1"
+BENCH_ARGS = ("--concurrency", "1,4", "--decode-tokens", "64", "--prompt-lengths", "3000",
+              "--warmup", "1", "--runs", "2", "--token-id-range", TOKEN_IDS)  # fmt: skip
 
 
 def say(msg: str) -> None:
@@ -197,6 +202,7 @@ def main(argv: list[str]) -> int:
             env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
         )  # fmt: skip
     verdict: dict = {}
+    bench: dict = {}
     soak: dict = {}
     memory: dict = {}
     try:
@@ -214,6 +220,13 @@ def main(argv: list[str]) -> int:
             except Exception:  # noqa: BLE001 (exited while we looked)
                 continue
         memory["ready"] = memory_now(pid)
+        plan = plan_json(common, replay, out)
+        memory["plan_pinned_bytes"] = plan.get("pinned_bytes_needed")
+        if BENCH:
+            bench = decode_reading(fx("bench", "--url", f"http://127.0.0.1:{PORT}",
+                                      *BENCH_ARGS, "--plan", str(out / "plan.json"),
+                                      "--out", str(out / "bench"), "--json", timeout=900))  # fmt: skip
+            say(f"bench: {json.dumps(bench)}")
         # the idle stretch is the soak's own (--soak-idle): it samples it and judges growth
         res = fx("bench", "--url", f"http://127.0.0.1:{PORT}", "--soak", str(SOAK_S),
                  "--soak-idle", str(IDLE_S), "--soak-interval", str(SOAK_INTERVAL_S),
@@ -232,6 +245,10 @@ def main(argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 serve.kill()
     doc = results(run, soak, memory, verdict)
+    doc["bench"] = bench
+    doc["command"] = ("FLASHNEXT_MTP=%s PP_ONE_GPU=%d SOAK_S=%g IDLE_S=%g "
+                      "checks/gpu/soak/soak_pp3.py MODEL TABLE OUT %s"
+                      % (MTP, EMULATED, SOAK_S, IDLE_S, run))  # fmt: skip
     text = json.dumps(doc, sort_keys=True, indent=2) + "\n"
     write_text_atomic(out / f"soak-{run}.json", text)
     results_dir = Path(ENV.get("RESULTS_DIR") or REPO / "checks" / "gpu" / "results")
@@ -242,6 +259,37 @@ def main(argv: list[str]) -> int:
           and not verdict.get("clients", {}).get("hung"))  # fmt: skip
     say(f"{'PASSED' if ok else 'FAILED'}: results in checks/gpu/results/soak-{run}.json")
     return 0 if ok else 1
+
+
+def plan_json(common: list[str], replay: list[str], out: Path) -> dict:
+    """The plan serve runs (its pinned bytes, decode graphs), saved as out/plan.json."""
+    facts = ["--facts", replay[1]] if replay else []
+    args = [a for i, a in enumerate(common) if a != "--port" and common[i - 1] != "--port"]
+    text = step("plan", fx("plan", *args, *facts, "--json"))
+    (out / "plan.json").write_text(text)
+    return json.loads(text)
+
+
+def decode_reading(proc: subprocess.CompletedProcess) -> dict:
+    """Per concurrency: aggregate and per-stream decode tok/s, TTFT (medians). A
+    batch that rides a captured graph costs about one request's step, so per-stream
+    tok/s at c=4 stays near c=1's; an eager batch divides it (s2: 54.0 vs 13.4)."""
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-500:]}"}
+    rows = {}
+    for d in doc.get("summary", {}).get("decode", []):
+        med = {k: (d.get(k) or {}).get("median") for k in ("aggregate_tok_s", "stream_tok_s",
+                                                           "ttft_s")}  # fmt: skip
+        rows[f"c={d['concurrency']}"] = med
+    c1, c4 = rows.get("c=1", {}), rows.get("c=4", {})
+    if c1.get("stream_tok_s") and c4.get("stream_tok_s"):
+        rows["c4_over_c1_aggregate"] = round(c4["aggregate_tok_s"] / c1["aggregate_tok_s"], 3)
+        rows["c4_over_c1_stream"] = round(c4["stream_tok_s"] / c1["stream_tok_s"], 3)
+    rows["spec_decode"] = doc.get("spec_decode")
+    rows["exit_code"] = proc.returncode
+    return rows
 
 
 def growth_of(soak: dict) -> dict:
@@ -262,6 +310,8 @@ def results(run: str, soak: dict, memory: dict, verdict: dict) -> dict:
         g = judged.get(key, {})
         mem[key] = {"before": g.get("after_warmup"), "after": g.get("after_idle"), "peak": peak,
                     "at_ready": memory.get("ready", {}).get(key)}  # fmt: skip
+    # the pools the plan pins: what `pinned` should read once serving (VmPin + pools)
+    mem["plan_pinned_bytes"] = memory.get("plan_pinned_bytes")
     mem["growth"] = soak.get("growth") or {
         "verdict": "unknown", "why": "the soak gave no result (see its output above)"
     }  # fmt: skip

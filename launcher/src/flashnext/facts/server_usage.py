@@ -79,14 +79,43 @@ def _vm_pin_bytes(pid: int) -> int | None:
     return None
 
 
+# Our QSA host pools (patch 0021's HostArena) are anonymous shared mmaps advised
+# MADV_HUGEPAGE, then cudaHostRegister'ed: the driver pins them without counting
+# VmPin (run h1 read 0 under a serving PP=3), so they are found by their mapping.
+_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$")
+_ANONYMOUS = ("", "/dev/zero (deleted)")
+
+
+def _host_arena_bytes(pid: int) -> int | None:
+    """Bytes of anonymous mappings advised MADV_HUGEPAGE (smaps VmFlags `hg`): the
+    QSA pools as HostArena maps them; None when smaps cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    total = size = 0
+    anonymous = False
+    for line in text.splitlines():
+        m = _MAPPING.match(line)
+        if m:
+            anonymous, size = m[1].strip() in _ANONYMOUS, 0
+        elif line.startswith("Size:"):
+            size = int(line.split()[1]) * 1024
+        elif line.startswith("VmFlags:") and anonymous and "hg" in line.split()[1:]:
+            total += size
+    return total
+
+
 @dataclass(frozen=True)
 class Usage:
     """One sample. Bytes, or None with the reason in `unavailable`."""
 
     rss_bytes: int | None
     pinned_bytes: int | None
-    """Kernel-pinned pages (VmPin) summed over the tree: what pin_user_pages holds;
-    CUDA's cudaHostAlloc buffers are pinned by the driver and may not all show here."""
+    """Pinned host bytes summed over the tree: kernel-pinned pages (VmPin) plus the QSA
+    host pools (`_host_arena_bytes`), which CUDA pins without VmPin seeing them. Other
+    cudaHostAlloc buffers (vLLM's staging) are pinned by the driver and not counted."""
     gpu_used_bytes: int | None
     """Memory in use on all GPUs (total - free): the server's and anything else's."""
     gpu_tree_bytes: int | None
@@ -111,8 +140,7 @@ def sample(pid: int | None, why_not: str | None = None, gpus: bool = True) -> Us
             pids.add(proc.pid)
         except psutil.Error:
             continue  # exited while we looked
-        pin = _vm_pin_bytes(proc.pid)
-        pinned += pin or 0
+        pinned += (_vm_pin_bytes(proc.pid) or 0) + (_host_arena_bytes(proc.pid) or 0)
     if not pids:
         unavailable = dict.fromkeys(("rss", "pinned", "gpu"), f"process {pid} is gone")
         return Usage(None, None, None, None, 0, unavailable)

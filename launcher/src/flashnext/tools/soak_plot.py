@@ -58,7 +58,7 @@ def render_png(result: dict[str, Any]) -> bytes:
     for key, label in (
         ("rss_bytes", "server RSS"),
         ("gpu_used_bytes", "GPU used"),
-        ("pinned_bytes", "pinned (VmPin)"),
+        ("pinned_bytes", "pinned (VmPin + QSA pools)"),
     ):
         pts = [
             (t, s[key] / GIB) for t, s in zip(ts, samples, strict=True) if s.get(key) is not None
