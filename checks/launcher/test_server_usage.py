@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from flashnext.facts import server_usage
 
 MIB = 1 << 20

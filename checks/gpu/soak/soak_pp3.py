@@ -223,9 +223,10 @@ def main(argv: list[str]) -> int:
         plan = plan_json(common, replay, out)
         memory["plan_pinned_bytes"] = plan.get("pinned_bytes_needed")
         if BENCH:
-            bench = decode_reading(fx("bench", "--url", f"http://127.0.0.1:{PORT}",
-                                      *BENCH_ARGS, "--plan", str(out / "plan.json"),
-                                      "--out", str(out / "bench"), "--json", timeout=900))  # fmt: skip
+            url = f"http://127.0.0.1:{PORT}"
+            bench = decode_reading(fx("bench", "--url", url, *BENCH_ARGS, "--plan",
+                                      str(out / "plan.json"), "--out", str(out / "bench"),
+                                      "--json", timeout=900))  # fmt: skip
             say(f"bench: {json.dumps(bench)}")
         # the idle stretch is the soak's own (--soak-idle): it samples it and judges growth
         res = fx("bench", "--url", f"http://127.0.0.1:{PORT}", "--soak", str(SOAK_S),
@@ -246,9 +247,10 @@ def main(argv: list[str]) -> int:
                 serve.kill()
     doc = results(run, soak, memory, verdict)
     doc["bench"] = bench
-    doc["command"] = ("FLASHNEXT_MTP=%s PP_ONE_GPU=%d SOAK_S=%g IDLE_S=%g "
-                      "checks/gpu/soak/soak_pp3.py MODEL TABLE OUT %s"
-                      % (MTP, EMULATED, SOAK_S, IDLE_S, run))  # fmt: skip
+    doc["command"] = (
+        f"FLASHNEXT_MTP={MTP} PP_ONE_GPU={int(EMULATED)} SOAK_S={SOAK_S:g} "
+        f"IDLE_S={IDLE_S:g} checks/gpu/soak/soak_pp3.py MODEL TABLE OUT {run}"
+    )
     text = json.dumps(doc, sort_keys=True, indent=2) + "\n"
     write_text_atomic(out / f"soak-{run}.json", text)
     results_dir = Path(ENV.get("RESULTS_DIR") or REPO / "checks" / "gpu" / "results")
