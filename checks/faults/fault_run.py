@@ -36,7 +36,11 @@ class Server:
     """pid -> argv[0] (vLLM's process title) of every process under the supervisor."""
 
     def pid_of(self, title_part: str) -> int:
-        return next(p for p, t in self.tree.items() if title_part in t)
+        found = [p for p, t in self.tree.items() if title_part in t]
+        if not found:
+            raise LookupError(f"no process titled *{title_part}* under the supervisor: "
+                              f"{sorted(self.tree.values())}")  # fmt: skip
+        return found[0]
 
 
 @dataclass
@@ -114,15 +118,20 @@ def run_fault(
     ready_timeout_s: float = 60.0,
     bound_s: float = 60.0,
     before_start: Callable[[], None] | None = None,
+    on_ready: Callable[[Server], dict] | None = None,
 ) -> dict:
     """Start the supervisor, wait until ready (unless `inject` is None: a fault of the
-    start), stream `n_clients` requests, inject, and judge what followed within `bound_s`."""
+    start), run `on_ready` (checks of the ready server, kept as the verdict's `on_ready`),
+    stream `n_clients` requests, inject, and judge what followed within `bound_s`."""
     cfg = {"argv": argv, "env": env, "executable": executable, "options": options}
     if before_start:
         before_start()
-    driver = subprocess.Popen([sys.executable, str(DRIVER), json.dumps(cfg)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # The config goes by stdin: its env may hold an API key, which argv would show.
+    driver = subprocess.Popen([sys.executable, str(DRIVER), "-"], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    driver.stdin.write(json.dumps(cfg))
+    driver.stdin.close()
     lines: list[tuple[float, str]] = []
     ready = threading.Event()
 
@@ -136,17 +145,26 @@ def run_fault(
     reader.start()
     t0 = time.monotonic()
     tree: dict[int, str] = {}
+    checked = None
     if inject is not None:
         if not ready.wait(ready_timeout_s):
             driver.kill()
             raise AssertionError("not ready:\n" + "\n".join(x for _, x in lines))
         time.sleep(0.3)  # the supervisor lists the engine processes once ready
         tree = _tree(driver.pid)
+        if on_ready is not None:
+            checked = on_ready(Server(driver, tree))
         if clients is not None:
             clients.start(n_clients)
             time.sleep(1.0)  # streaming
         t0 = time.monotonic()
-        inject(Server(driver, tree))
+        try:
+            inject(Server(driver, tree))
+        except Exception as exc:  # a fault that cannot be injected: no verdict, no leftovers
+            _stop(driver, tree)
+            log = "\n".join(x for _, x in lines)
+            raise AssertionError(f"could not inject: {exc}\n{log}") from exc
+
     try:
         rc = driver.wait(bound_s)
     except subprocess.TimeoutExpired:
@@ -175,10 +193,23 @@ def run_fault(
     }
     if clients is not None:
         verdict["clients"] = clients.summary(30.0)
+    if checked is not None:
+        verdict["on_ready"] = checked
     for p in leftover:  # never leave a process behind, whatever the verdict
         with contextlib.suppress(OSError):
             os.kill(p, 9)
     return verdict
+
+
+def _stop(driver: subprocess.Popen, tree: dict[int, str]) -> None:
+    driver.terminate()
+    try:
+        driver.wait(30)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+    for p in tree:
+        with contextlib.suppress(OSError):
+            os.kill(p, 9)
 
 
 def _tree(pid: int) -> dict[int, str]:

@@ -70,6 +70,24 @@ def table_truncated(tmp: Path) -> dict:
     return verdict
 
 
+def table_truncated_pp1(tmp: Path) -> dict:
+    """At PP=1 the engine core reads the table and dies of the SIGBUS without a word:
+    the supervisor finds the cause in the file (shorter than when vLLM started)."""
+    table = tmp / "ple-pp1.bin"
+    table.write_bytes(os.urandom(1 << 20))
+    engram = json.dumps({"mmap_path": str(table)})
+    port = free_port()
+    argv = serve_argv(port)
+    argv[argv.index("--pipeline-parallel-size") + 1] = "1"
+    env = standin_env(STANDIN_PP_WORKERS="1", STANDIN_TOKEN_INTERVAL_S="0.05")
+    verdict = run_fault("PLE table truncated under the running server (PP=1)", WHERE,
+                        argv=argv + ["--engram-config", engram], env=env,
+                        options=options(port), inject=lambda s: os.truncate(table, 0),
+                        clients=load(port))  # fmt: skip
+    verdict["table"] = str(table)
+    return verdict
+
+
 def sigterm(tmp: Path) -> dict:
     return _fault("SIGTERM to serve under load", lambda s: s.driver.send_signal(signal.SIGTERM))
 
@@ -89,4 +107,5 @@ def port_taken(tmp: Path) -> dict:
     return verdict
 
 
-FAULTS = (sigkill_rank, sigstop_engine, deadlocked_engine, table_truncated, sigterm, port_taken)
+FAULTS = (sigkill_rank, sigstop_engine, deadlocked_engine, table_truncated, table_truncated_pp1,
+          sigterm, port_taken)  # fmt: skip

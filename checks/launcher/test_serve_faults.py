@@ -65,6 +65,40 @@ def test_a_table_truncated_under_the_server_is_a_table_fault_with_a_fix(tmp_path
     )
 
 
+def test_a_table_truncated_at_pp1_is_named_from_the_file_itself(tmp_path):
+    # vLLM at PP=1 dies of the SIGBUS in its engine core and logs no worker line
+    v = sf.table_truncated_pp1(tmp_path)
+    table = v["table"]
+    assert_taken_down(v, POLL_S + 2.0 + STOP_S)
+    assert "engine process VLLM::EngineCore_DP0" in v["message"], v["message"]
+    assert (
+        f"flashnext: cause: a table fault: the engine died after its PLE table {table} "
+        "changed: it was truncated from 1,048,576 to 0 bytes"
+    ) in v["message"]
+    assert (
+        f"flashnext: fix: flashnext table verify --model /models/flash-next --table {table}"
+        in v["message"]
+    )
+
+
+def test_table_change_says_what_became_of_the_file():
+    seen = serve_faults.TableStat(size=100, inode=(1, 2))
+    assert serve_faults.table_change(seen, seen) is None
+    assert serve_faults.table_change(None, seen) is None  # no table in argv
+    assert serve_faults.table_change(seen, serve_faults.TableStat(size=0, inode=(1, 2))) == (
+        "it was truncated from 100 to 0 bytes"
+    )
+    assert serve_faults.table_change(seen, serve_faults.TableStat(size=100, inode=(1, 3))) == (
+        "it was replaced by another file"
+    )
+    assert serve_faults.table_change(seen, serve_faults.TableStat(error="missing")) == (
+        "it is now missing"
+    )
+    # a change alone names no table fault without a table in argv
+    argv = ["vllm", "serve", "/m"]
+    assert serve_faults.diagnose([], argv, "http://h/health", "it is now missing") is None
+
+
 def test_sigterm_under_load_stops_cleanly_within_the_stop_timeout(tmp_path):
     v = sf.sigterm(tmp_path)
     assert v["exit_code"] == 0, v

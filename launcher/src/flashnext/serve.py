@@ -46,15 +46,34 @@ from flashnext.tools.serve_faults import (
     NOTABLE,
     WORKER_DIED,
     Progress,
+    TableStat,
     diagnose,
     lost_text,
     pick_lost,
     progress_reading,
     rank_text,
+    table_change,
+    table_path,
 )
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+
+
+def stat_table(argv: list[str]) -> TableStat | None:
+    """The PLE table vLLM maps (its --engram-config), as it is now; None without one."""
+    path = table_path(argv)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return TableStat(error="missing")
+    except OSError as exc:
+        return TableStat(error=f"unreadable ({exc.strerror})")
+    if not os.access(path, os.R_OK):
+        return TableStat(size=st.st_size, inode=(st.st_dev, st.st_ino), error="unreadable")
+    return TableStat(size=st.st_size, inode=(st.st_dev, st.st_ino))
 
 
 def engine_title_prefix(env: Mapping[str, str]) -> str:
@@ -512,6 +531,7 @@ def supervise(
         output = ChildOutput(proc, out)
         watch = _Watch(proc, output, say, signals, stop_timeout_s, engine_title_prefix(env))
         watch.argv, watch.health_url, watch.hang_timeout_s = argv, health_url, hang_timeout_s
+        watch.table_at_start = stat_table(argv)
         try:
             ready = watch.until_ready(
                 health_url, models_url, completion_url, model_name, api_key,
@@ -568,6 +588,7 @@ class _Watch:
         self.argv: list[str] = []
         self.health_url = ""
         self.hang_timeout_s = 120.0
+        self.table_at_start: TableStat | None = None
 
     def fail(self, why: str) -> int:
         """Stop the child (if alive), print why with its output tail, return 1."""
@@ -580,7 +601,8 @@ class _Watch:
         sd_notify(f"STATUS=failed: {why}")
         if tail:
             self.say(f"last lines of the server's {which}:\n{tail}")
-        found = diagnose(list(self.output.notable), self.argv, self.health_url)
+        changed = table_change(self.table_at_start, stat_table(self.argv))
+        found = diagnose(list(self.output.notable), self.argv, self.health_url, changed)
         if found is not None:
             self.say(f"cause: {found.cause}")
             if found.fix:

@@ -97,18 +97,50 @@ def model_dir(argv: list[str]) -> str | None:
     return None
 
 
-def diagnose(lines: list[str], argv: list[str], health_url: str) -> Diagnosis | None:
-    """Why the server failed, from what it printed; None when nothing is recognised."""
+@dataclass(frozen=True)
+class TableStat:
+    """The table file as the supervisor saw it (os.stat), or why it could not."""
+
+    size: int | None = None
+    inode: tuple[int, int] | None = None
+    error: str | None = None
+
+
+def table_change(before: TableStat | None, after: TableStat | None) -> str | None:
+    """What happened to the table since vLLM started, or None (unchanged, or no table).
+    At PP=1 the PLE gather runs in the engine core, whose SIGBUS vLLM does not log
+    (no worker monitor, no faulthandler): the file itself says it was the table."""
+    if before is None or after is None or before.error:
+        return None
+    if after.error:
+        return f"it is now {after.error}"
+    if after.inode != before.inode:
+        return "it was replaced by another file"
+    if after.size != before.size:
+        return f"it was truncated from {before.size:,} to {after.size:,} bytes"
+    return None
+
+
+def diagnose(
+    lines: list[str], argv: list[str], health_url: str, table_changed: str | None = None
+) -> Diagnosis | None:
+    """Why the server failed, from what it printed and what became of the table since
+    the start (`table_change`); None when nothing is recognised."""
     text = "\n".join(lines)
     died = WORKER_DIED.findall(text)
     table = table_path(argv)
-    if table and (TABLE_READ.search(text) or any(code == "-7" for _, code in died)):
+    read_fault = TABLE_READ.search(text) or any(code == "-7" for _, code in died)
+    if table and (read_fault or table_changed):
         worker = next((w for w, code in died if code == "-7"), "a worker")
         model = model_dir(argv) or "MODEL"
+        what = (
+            f"{worker} died of SIGBUS/EIO reading the PLE table {table}"
+            if read_fault
+            else f"the engine died after its PLE table {table} changed: {table_changed}"
+        )
         return Diagnosis(
-            f"a table fault: {worker} died of SIGBUS/EIO reading the PLE table {table} (the "
-            "file was truncated, replaced or unreadable under the running server; its rows "
-            "are read through mmap on every step)",
+            f"a table fault: {what} (the file was truncated, replaced or unreadable under "
+            "the running server; its rows are read through mmap on every step)",
             f"flashnext table verify --model {model} --table {table}  # then serve again; "
             "if it fails, rebuild it with `flashnext table prepare`",
         )

@@ -1,0 +1,75 @@
+"""checks/gpu/soak/faults_pp1.py here, with the stand-in `vllm` for the kit's and replayed
+H200 facts: the API key, the pool under pressure and SIGTERM in one start, then SIGSTOP,
+a port taken and the table truncated, each through the supervisor as serve runs it, and
+the verdicts merged into a soak results file. On the GPU host the same run uses the
+patched vLLM at PP=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from h200_tiny_facts import write_h200_facts
+from test_serve_tiny_script import skeleton_with_table
+from vllm_env_fixtures import checkout_stamp, write_vllm_tree
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "checks" / "gpu" / "soak" / "faults_pp1.py"
+sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
+from harness import STANDIN_DIR, free_port  # noqa: E402
+
+FAULT_KEYS = {"what", "where", "detected_s", "exit_code", "message", "leftover_processes",
+              "leftover_gpu_bytes"}  # fmt: skip
+
+
+def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
+    model, table = skeleton_with_table(tmp_path, "tiny")
+    patched = tmp_path / "patched"
+    write_vllm_tree(patched, stamp=checkout_stamp())  # as `. KIT/env-patched.sh` would
+    port = free_port()
+    facts = write_h200_facts(tmp_path / "facts.json", model, table, port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "FLASHNEXT_"))}
+    env.pop("VLLM_API_KEY", None)
+    env.update(
+        PATH=os.pathsep.join([str(STANDIN_DIR), env["PATH"]]), PYTHONPATH=str(patched),
+        PORT=str(port), READY_S="30", HANG_S="2", PRESSURE_LEN="2048", PRESSURE_TOKENS="4",
+        FLASHNEXT_FACTS=str(facts), STANDIN_PP_WORKERS="1", STANDIN_ENGINE_STEPS="1",
+        STANDIN_TOKEN_INTERVAL_S="0.02", STANDIN_KV_CACHE_TOKENS="3000",
+    )  # fmt: skip
+    soak = tmp_path / "soak-t1.json"
+    soak.write_text(json.dumps({"faults": [{"what": "SIGKILL", "where": "GPU PP=3"}]}))
+    out = tmp_path / "out"
+    argv = [sys.executable, str(SCRIPT), str(model), str(table), str(out), "t1",
+            "--merge-into", str(soak)]  # fmt: skip
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((out / "faults-pp1-t1.json").read_text())
+    assert "PP=1 on one GPU" in doc["setup"] and "torch 2.11" in doc["setup"]
+
+    key = doc["api_key"]
+    assert (key["without_key"], key["other_key"], key["with_key"]) == (401, 401, 200)
+    assert key["key_on_a_command_line"] == []
+
+    pressure = doc["pool_pressure"]
+    assert pressure["capacity_tokens"] == 3000 and pressure["demand_tokens"] == 4 * (2048 - 8)
+    assert pressure["demand_over_capacity"] == round(4 * 2040 / 3000, 3)
+    assert pressure["equal_to_serial"] is True and pressure["outcomes_together"] == ["length"] * 4
+    assert pressure["host_available_low_bytes"] > 0
+
+    sigterm, sigstop, port_taken, table_fault = doc["faults"]
+    for f in doc["faults"]:
+        assert f.keys() >= FAULT_KEYS and f["where"] == "GPU PP=1", f
+        assert f["leftover_processes"] == 0, f
+    assert sigterm["exit_code"] == 0 and sigterm["clients"]["hung"] == 0
+    assert sigstop["exit_code"] == 1 and "the engine is hung" in sigstop["message"]
+    assert port_taken["exit_code"] == 1 and "could not bind port" in port_taken["message"]
+    assert table_fault["exit_code"] == 1
+    assert "a table fault: the engine died after its PLE table" in table_fault["message"]
+    assert table.stat().st_size > 0  # restored for whatever runs next
+
+    merged = json.loads(soak.read_text())
+    assert [f["where"] for f in merged["faults"]] == ["GPU PP=3"] + ["GPU PP=1"] * 4
+    assert merged["pool_pressure"] == pressure and merged["api_key"] == key
