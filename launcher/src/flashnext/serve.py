@@ -731,8 +731,14 @@ class _Watch:
             if lost and self.proc.poll() is not None:
                 continue  # the server itself exited (its children were reparented): say that
             if lost:
-                if len(lost) > 1 and not any(WORKER_DIED.search(x) for x in self.output.notable):
-                    time.sleep(0.5)  # vLLM's worker monitor says which died first: let it
+                # vLLM's worker monitor says which rank died first, and of what (a SIGBUS
+                # in the table): give it a moment to speak before we judge.
+                workers = any("Worker" in t for t in lost.values())
+                said_by = time.monotonic() + (1.0 if workers else 0.0)
+                while time.monotonic() < said_by and not any(
+                    WORKER_DIED.search(x) for x in self.output.notable
+                ):
+                    time.sleep(0.05)
                 pid, title = pick_lost(lost, list(self.output.notable))
                 status, _ = _request(health_url, None, min(request_timeout_s, 2.0))
                 http = "still answers" if status else "does not answer"
