@@ -73,3 +73,9 @@ def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     merged = json.loads(soak.read_text())
     assert [f["where"] for f in merged["faults"]] == ["GPU PP=3"] + ["GPU PP=1"] * 4
     assert merged["pool_pressure"] == pressure and merged["api_key"] == key
+    # the same merge later, from the faults file (the campaign runs both at once)
+    later = tmp_path / "soak-later.json"
+    later.write_text(json.dumps({"faults": [{"what": "SIGKILL", "where": "GPU PP=3"}]}))
+    merge = [sys.executable, str(SCRIPT), "merge", str(out / "faults-pp1-t1.json"), str(later)]
+    subprocess.run(merge, env=env, check=True, timeout=60)
+    assert json.loads(later.read_text()) == merged

@@ -140,3 +140,18 @@ def test_a_leaking_server_is_caught_and_fails_only_when_asked(standin):
     assert res.exit_code == 1
     assert "grew" in res.output
     assert "server memory grew past its bound (--fail-on-growth)" in res.output
+
+
+def test_the_servers_own_gpu_memory_is_judged_where_nvml_sees_its_processes():
+    # another process takes 2 GiB of the card during the soak and leaves 1 GiB behind:
+    # the device's use grew, the server's own did not
+    rows = samples(lambda t: 2 * GIB, lambda t: 0, lambda t: 40 * GIB + (t >= 11) * GIB, TIMES)
+    for row in rows:
+        row["gpu_tree_bytes"] = 30 * GIB
+    v = judge(rows)
+    assert v["gpu"]["field"] == "gpu_tree_bytes" and v["gpu"]["verdict"] == "ok"
+    assert v["gpu"]["after_warmup"] == v["gpu"]["after_idle"] == 30 * GIB
+    # one sample without the pids' share: the whole device's use decides, and it grew
+    rows[3]["gpu_tree_bytes"] = None
+    v = judge(rows)
+    assert v["gpu"]["field"] == "gpu_used_bytes" and v["gpu"]["verdict"] == "grew"

@@ -5,6 +5,7 @@ fault, each ending in a verdict of the results contract.
 
     . $KIT/env-patched.sh   # the patched vLLM first on PATH (checks/gpu/kit/README.md)
     python3 checks/gpu/soak/faults_pp1.py MODEL_DIR TABLE OUT_DIR RUN [--merge-into FILE]
+    python3 checks/gpu/soak/faults_pp1.py merge FAULTS_JSON SOAK_JSON
 
 1. The API key, the host pool under pressure, then SIGTERM under load (one start):
    serve's plan with `--max-model-len` PRESSURE_LEN and `--kv-cache-memory-bytes` cut
@@ -21,8 +22,9 @@ fault, each ending in a verdict of the results contract.
 The supervisor runs as `flashnext serve` runs it (flashnext.serve.supervise, in a
 process of its own: checks/faults/fault_run.py) with the plan's argv and env from
 `flashnext serve --dry-run --json`; its hang bound is HANG_S (serve's own is 120 s)
-to save device time. Writes OUT_DIR/faults-pp1-RUN.json; with --merge-into, adds its
-faults, `pool_pressure` and `api_key` to that soak results file (soak_pp3.py's).
+to save device time. Writes OUT_DIR/faults-pp1-RUN.json; with --merge-into (or later
+with `merge`), adds its faults, `pool_pressure` and `api_key` to that soak results file
+(soak_pp3.py's).
 
 Env: PROFILE (h200-tiny), PORT (8010), READY_S (420: a cold PP=1 start), HANG_S (30),
 PRESSURE_LEN (8192), PRESSURE_FIT (1.3), PRESSURE_TOKENS (16: new tokens a request).
@@ -362,8 +364,23 @@ def table_truncated(target: Target) -> dict:
     return verdict
 
 
+def merge_into(doc: dict, soak_path: Path) -> None:
+    """The soak's results file (soak_pp3.py's) with these faults, the pool under
+    pressure and the key check added; faults of an earlier PP=1 merge replaced."""
+    soak = json.loads(soak_path.read_text())
+    soak["faults"] = [f for f in soak.get("faults", []) if f.get("where") != WHERE]
+    soak["faults"] += doc["faults"]
+    soak["pool_pressure"] = doc["pool_pressure"]
+    soak["api_key"] = doc["api_key"]
+    soak["faults_command"] = doc["command"]
+    write_text_atomic(soak_path, json.dumps(soak, sort_keys=True, indent=2) + "\n")
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
+    if args[:1] == ["merge"] and len(args) == 3:  # merge FAULTS.json SOAK.json
+        merge_into(json.loads(Path(args[1]).read_text()), Path(args[2]))
+        return 0
     merge = None
     if "--merge-into" in args:
         i = args.index("--merge-into")
@@ -398,11 +415,7 @@ def main(argv: list[str]) -> int:
     text = json.dumps(doc, sort_keys=True, indent=2) + "\n"
     write_text_atomic(out / f"faults-pp1-{run}.json", text)
     if merge is not None and merge.exists():
-        soak = json.loads(merge.read_text())
-        soak["faults"] = [f for f in soak.get("faults", []) if f.get("where") != WHERE] + faults
-        soak["pool_pressure"] = pressure
-        soak["api_key"] = key
-        write_text_atomic(merge, json.dumps(soak, sort_keys=True, indent=2) + "\n")
+        merge_into(doc, merge)
     good = (
         key.get("without_key") == 401 and key.get("other_key") == 401
         and key.get("with_key") == 200 and not key.get("key_on_a_command_line")

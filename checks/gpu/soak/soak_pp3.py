@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 sys.path.insert(0, str(REPO / "checks" / "faults"))
-from fault_run import Clients, alive  # noqa: E402
+from fault_run import Clients, alive, gpu_bytes_of  # noqa: E402
 from flashnext.atomic import write_text_atomic  # noqa: E402
 from flashnext.facts import server_usage  # noqa: E402
 
@@ -157,7 +157,9 @@ def sigkill_rank(serve: subprocess.Popen, log: Path, tree: dict[int, str], basel
         rc = None
     time.sleep(2.0)
     leftover = [p for p in tree if alive(p)]
-    after = gpu_used()
+    after = gpu_used()  # the whole card's: other processes on it count here
+    # NVML's bytes of any process the server had: nothing, or the ranks' leftovers
+    own = gpu_bytes_of([*tree, serve.pid])
     text = log.read_text(errors="replace")[seen:]
     message = "\n".join(x for x in text.splitlines()
                         if x.startswith(("flashnext: error:", "flashnext: cause:")))  # fmt: skip
@@ -168,9 +170,10 @@ def sigkill_rank(serve: subprocess.Popen, log: Path, tree: dict[int, str], basel
         "exit_code": rc,
         "message": message or "(no error line)",
         "leftover_processes": len(leftover),
-        "leftover_gpu_bytes": None
+        "leftover_gpu_bytes": own,
+        "gpu_used_after_minus_before": None
         if after is None or baseline_gpu is None
-        else max(0, after - baseline_gpu),
+        else after - baseline_gpu,
         "clients": clients.summary(30.0),
     }
 

@@ -30,13 +30,15 @@ is allocated and must be checked against the first GPU soak (checks/gpu/soak).
 - **pinned** (VmPin summed over the tree): exactly equal. The QSA host pools are
   sized by the plan and pinned once at startup; nothing pins per request. Any pinned
   byte more after idle is a new pin that was not released: growth.
-- **gpu** (NVML: used memory of all GPUs): 128 MiB. vLLM allocates its KV cache
+- **gpu** (NVML: the memory it attributes to the server's processes, where it sees
+  their pids; else the used memory of all GPUs): 128 MiB. vLLM allocates its KV cache
   once (--gpu-memory-utilization) and captures its CUDA graphs at startup; the torch
   caching allocator keeps what it reserved, so only a shape the startup profile did
   not see adds a segment (large ones are rounded up to 2 MiB, small pools are 2 MiB
-  each). 128 MiB leaves room for a few such segments and the driver's own growth;
-  another process starting on the GPU during the soak counts too (NVML sees the
-  whole device), so run the soak on a GPU of its own.
+  each). 128 MiB leaves room for a few such segments and the driver's own growth.
+  Read per process, another process on the GPU does not count; read for the whole
+  device (NVML without the pids, as in some containers), it does: then run the soak
+  on a GPU of its own.
 
 A quantity is `unknown` when either level has no sample (not sampled here, NVML
 absent, the server not on this host): the reason says why.
@@ -51,6 +53,19 @@ from typing import Any
 MIB = 1 << 20
 
 FIELDS = {"rss": "rss_bytes", "pinned": "pinned_bytes", "gpu": "gpu_used_bytes"}
+
+
+def gpu_field(samples: list[dict[str, Any]]) -> str:
+    """The server's own GPU memory (`gpu_tree_bytes`) when NVML attributed some to its
+    processes in every sample that read the GPU; else the whole devices' use."""
+    read = [s for s in samples if s.get("gpu_used_bytes") is not None]
+    if read and all(s.get("gpu_tree_bytes") is not None for s in read):
+        return "gpu_tree_bytes"
+    return "gpu_used_bytes"
+
+
+def fields(samples: list[dict[str, Any]]) -> dict[str, str]:
+    return {**FIELDS, "gpu": gpu_field(samples)}
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,7 @@ def judge(
     with verdict ok, grew or unknown, and the windows used."""
     win = windows(interval_s, soak_end_s, idle_from_s, idle_s)
     out: dict[str, Any] = {}
-    for key, field in FIELDS.items():
+    for key, field in fields(samples).items():
         warm = level(samples, field, *win["after_warmup"])
         after = level(samples, field, *win["after_idle"])
         row: dict[str, Any] = {
@@ -112,6 +127,7 @@ def judge(
             "grew_by": None,
             "bound": None,
             "bound_rule": bounds[key].text(),
+            "field": field,
         }
         if warm is None or after is None:
             row["verdict"] = "unknown"

@@ -591,11 +591,7 @@ def _check(cid: str, ok: bool, message: str) -> dict[str, Any]:
 def memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """{rss, pinned, gpu}: before (first sample), after (last), peak; or why not."""
     out: dict[str, Any] = {}
-    for key, field_name in (
-        ("rss", "rss_bytes"),
-        ("pinned", "pinned_bytes"),
-        ("gpu", "gpu_used_bytes"),
-    ):
+    for key, field_name in growth.fields(samples).items():
         values = [s[field_name] for s in samples if s.get(field_name) is not None]
         if values:
             out[key] = {"before": values[0], "after": values[-1], "peak": max(values)}
