@@ -45,34 +45,30 @@ def layer() -> dict:
     return interpreted("--tokens", str(TOKENS), "--decode", "1")
 
 
-def test_the_offload_parts_from_vllms_qsa_where_vllm_splits_k_and_not_from_float64(layer):
-    """e3/e4's parting from position 25-32, on CPU: the offload equals vLLM's
-    VRAM QSA to the bit on every row whose keys fit one tile of the VRAM
-    kernel (32) and parts from the first row that does not, because vLLM
-    spreads a row's tiles over 8 split-K states there and the offload's
-    prefill keeps one running state. vLLM's kernel with one split is the
-    offload to the bit on every row; the offload's prefill with vLLM's 8
-    splits is vLLM's. Against float64 both are at bf16 rounding, far inside
-    the judge's bound, with the same selection as float64's; a control
-    offload that drops each row's last key is far outside it."""
+def test_the_offload_weighs_each_tile_as_vllms_split_k_does_and_is_no_further_from_float64(layer):
+    """e3/e4's parting from position 25-32: vLLM's prefill deals a row's
+    32-key tiles to 8 split-K states, each rounding P to bf16 against its own
+    maximum, so each split's top key weighs exactly 1. The offload's prefill
+    kept one running state per row (vLLM's kernel at one split, to the bit)
+    and parted from the first row past one tile, further from float64 there
+    (6 of the 8 rows at 40 tokens). Patch 0021 now takes every tile's P
+    against the tile's own maximum: equal to vLLM's QSA on every row here (2
+    tiles fit 8 splits), its decode (16-key tiles) no further than vLLM's
+    (64-key tiles). Both are rounding, with float64's selection; a control
+    offload that drops each row's last key is far outside the judge's bound."""
     r = layer
     prefill, decode = r["summary"]["prefill"], r["summary"]["decode"]
-    tile = r["vram_config"]["prefill"]["block_n"]
-    assert r["vram_config"]["prefill"]["num_splits"] == 8 and tile == 32
-    rows = [x for x in r["rows"] if x["kind"] == "prefill"]
-    assert all(x["identical"] for x in rows if x["keys"] <= tile)
-    assert prefill["first_parting"] == tile
-    assert prefill["identical_rows_1split"] == prefill["rows"] == TOKENS
-    assert prefill["offload_split_identical_rows"] >= TOKENS - 1
+    assert r["vram_config"]["prefill"]["num_splits"] == 8
+    assert r["vram_config"]["prefill"]["block_n"] == 32
+    assert prefill["identical_rows"] == prefill["rows"] == TOKENS
+    assert prefill["first_parting"] is None
+    assert prefill["offload_further_rows"] == decode["offload_further_rows"] == 0
     assert r["selection_equal_rows"] == TOKENS and r["nan"] == {"vram": False, "offload": False}
     for x in r["rows"]:
         assert x["vram_mean_rel"] < BF16_ROW_MEAN / 2 and x["offload_mean_rel"] < BF16_ROW_MEAN / 2
         # Rounding, not a wrong key, scale or mask: within 2.5x of what the
         # bf16 output's own rounding costs (vLLM's path reaches 2.04x).
         assert x["offload_mean_rel"] < 2.5 * x["bf16_floor_mean_rel"]
-    # As close as vLLM's path on average, within the split-K's own margin.
-    for s in (prefill, decode):
-        assert s["offload_avg_mean_rel"] < 1.05 * s["vram_avg_mean_rel"]
     assert r["control_last_key_dropped"]["min_mean_rel"] > 2 * BF16_ROW_MEAN
 
 
@@ -82,7 +78,7 @@ def test_vllms_qsa_rows_move_with_the_order_of_the_same_keys_and_the_offloads_pr
     """Past the budget the top-k's output order is the CUDA op's own (rows
     from 2,051 at 3,000 and 20,000 tokens, where the VRAM path parts from
     itself). The same keys in another order move every VRAM row whose keys
-    span more than one tile (most with one split); the offload's prefill sorts
+    span more than one tile (some with one split too); the offload's prefill sorts
     each row's selection and moves no row. The offload's decode, which reads
     the selection in order, moves."""
     r = layer
@@ -90,8 +86,8 @@ def test_vllms_qsa_rows_move_with_the_order_of_the_same_keys_and_the_offloads_pr
     multi_tile = sum(x["keys"] > 32 for x in r["rows"] if x["kind"] == "prefill")
     assert multi_tile == TOKENS - 32
     assert prefill["vram_moved_by_order_rows"] == multi_tile
-    # One split moves most of them (86 of 96 at 128 tokens, all 8 here).
-    assert prefill["vram_1split_moved_by_order_rows"] >= multi_tile // 2
+    # With one split too (86 of 96 rows at 128 tokens, 4 of 8 here).
+    assert prefill["vram_1split_moved_by_order_rows"] >= 1
     assert prefill["offload_moved_by_order_rows"] == 0
     assert decode["offload_moved_by_order_rows"] == decode["rows"] == 1
 
