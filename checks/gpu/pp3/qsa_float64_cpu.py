@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One QSA layer three ways on CPU: vLLM's VRAM path, our offload, float64.
+"""One QSA layer on CPU: vLLM's VRAM path, our offload and float64, row by row.
 
     TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= python checks/gpu/pp3/qsa_float64_cpu.py
         [--tokens N] [--decode N] [--budget N] [--page N] [--chunk N] [--seed N] [--json]
@@ -18,7 +18,12 @@ vLLM's own indexer kernels, and runs, by Triton's interpreter
   calls it: `qsa_offload_prefill` with the arena's host rows for the prompt,
   `qsa_offload_decode` for the last `--decode` positions, each run as a
   one-row decode step (as the GPU run's new tokens were);
-- (a1) the VRAM kernel with its split-K width forced to 1 (the diagnosis);
+- (a1) the VRAM kernel with its split-K width forced to 1, and (b8) the
+  offload's prefill widened to (a)'s split count (the diagnosis: before
+  0021 took each tile's P against the tile's own maximum, (a1) was (b));
+- the same selection with each row's keys in another order, through (a),
+  (a1) and (b): which rows move;
+- a control: (b) with each row's last key dropped;
 - (c) float64: the indexer's scores, its top-k and the attention over the
   selected keys, written here from the model's definition, not from either
   kernel.
@@ -29,12 +34,13 @@ restated in torch (`topk_restated`): a row with no more visible groups than
 the budget gets every group in ascending order (persistent_topk's path for a
 row not longer than k writes the indices directly), a longer row its top-k
 by score, highest first (the CUDA op's order there is its own; an order
-changes only which columns share a tile in (a)).
+changes only which columns share a tile in (a); (b)'s prefill sorts).
 
 Prints a per-row table (position, kind, the relative error of (a), (b) and
 (a1) against (c) as compare.py measures rows: max and mean |diff| over the
-row's mean |c|; whether (a) and (b) are bit-identical), then the summary;
-`--json` prints one JSON object instead.
+row's mean |c|; whether (a) and (b) are bit-identical; whether another order
+moves (a) and (b)), then the summary; `--json` prints one JSON object
+instead. 40 tokens take about a minute on two cores, 128 about three.
 """
 
 from __future__ import annotations
