@@ -232,6 +232,7 @@ def main(argv: list[str]) -> int:
                                       "--json", timeout=900))  # fmt: skip
             say(f"bench: {json.dumps(bench)}")
         # the idle stretch is the soak's own (--soak-idle): it samples it and judges growth
+        say(f"soak: starting ({SOAK_S:g} s, then {IDLE_S:g} s idle)")
         res = fx("bench", "--url", f"http://127.0.0.1:{PORT}", "--soak", str(SOAK_S),
                  "--soak-idle", str(IDLE_S), "--soak-interval", str(SOAK_INTERVAL_S),
                  "--token-id-range", TOKEN_IDS,
