@@ -26,6 +26,9 @@ to save device time. Writes OUT_DIR/faults-pp1-RUN.json; with --merge-into (or l
 with `merge`), adds its faults, `pool_pressure` and `api_key` to that soak results file
 (soak_pp3.py's).
 
+The four run side by side, each on its own port (PORT to PORT+3) and the truncated
+table a copy of its own, so the whole takes about one cold start.
+
 Env: PROFILE (h200-tiny), PORT (8010), READY_S (420: a cold PP=1 start), HANG_S (30),
 PRESSURE_LEN (8192), PRESSURE_FIT (1.3), PRESSURE_TOKENS (16: new tokens a request).
 """
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -54,7 +58,6 @@ sys.path.insert(0, str(REPO / "launcher" / "src"))
 sys.path.insert(0, str(REPO / "checks" / "faults"))
 from fault_run import Clients, Server, run_fault  # noqa: E402
 from flashnext.atomic import write_text_atomic  # noqa: E402
-from flashnext.facts import server_usage  # noqa: E402
 
 ENV = os.environ
 PROFILE = ENV.get("PROFILE", "h200-tiny")
@@ -66,7 +69,6 @@ PRESSURE_FIT = float(ENV.get("PRESSURE_FIT", "1.3"))
 PRESSURE_TOKENS = int(ENV.get("PRESSURE_TOKENS", "16"))
 PRESSURE_REQUESTS = 4  # the profile's max_num_seqs: all four can be scheduled at once
 MODEL_NAME = "qwen3.8-flash-next"
-BASE = f"http://127.0.0.1:{PORT}"
 WHERE = "GPU PP=1"
 
 
@@ -106,8 +108,9 @@ def split_command(line: str) -> tuple[list[str], dict[str, str]]:
 class Target:
     """The model, its table and what serve would run for them."""
 
-    def __init__(self, model: Path, table: Path, facts: Path | None) -> None:
-        self.model, self.table = model, table
+    def __init__(self, model: Path, table: Path, facts: Path | None, port: int) -> None:
+        self.model, self.table, self.port = model, table, port
+        self.base = f"http://127.0.0.1:{port}"
         self.facts = ["--facts", str(facts)] if facts else []
         self.replay = ["--replay-facts-for-testing", str(facts)] if facts else []
 
@@ -120,44 +123,35 @@ class Target:
 
     def command(self, *extra: str) -> tuple[list[str], dict[str, str]]:
         doc = json.loads(ok("serve --dry-run", fx("serve", "--dry-run", "--json",
-                                                  *self.settings("--port", str(PORT), *extra),
+                                                  *self.settings("--port", str(self.port), *extra),
                                                   *self.replay)))  # fmt: skip
         argv, env = split_command(doc["command"])
         return argv, {**ENV, **env}
 
 
-def options(api_key: str | None = None) -> dict:
+def options(base: str, api_key: str | None = None) -> dict:
     return {"model_name": MODEL_NAME, "api_key": api_key, "startup_timeout_s": READY_S,
             "poll_interval_s": 0.5, "progress_interval_s": 30.0, "health_interval_s": 2.0,
             "stop_timeout_s": 30.0, "hang_timeout_s": HANG_S,
-            "health_url": f"{BASE}/health", "completion_url": f"{BASE}/v1/completions"}  # fmt: skip
+            "health_url": f"{base}/health", "completion_url": f"{base}/v1/completions"}  # fmt: skip
 
 
-def load(api_key: str | None = None) -> Clients:
+def load(base: str, api_key: str | None = None) -> Clients:
     body = {"model": MODEL_NAME, "prompt": list(range(1000, 1064)), "max_tokens": 4000,
             "ignore_eos": True, "stream": True}  # fmt: skip
-    return Clients(f"{BASE}/v1/completions", body, api_key=api_key)
+    return Clients(f"{base}/v1/completions", body, api_key=api_key)
 
 
-def gpu_used() -> int | None:
-    return server_usage.sample(os.getpid()).gpu_used_bytes
-
-
-def fault(what: str, inject, *, argv, env, api_key=None, **kw) -> dict:
-    """One start, one fault; GPU memory in use before and after, compared."""
-    before = gpu_used()
+def fault(what: str, inject, *, base, argv, env, api_key=None, **kw) -> dict:
+    """One start, one fault (the faults run side by side, each on its own port: the
+    leftover GPU bytes are NVML's for the server's own pids, fault_run.py)."""
     try:
-        verdict = run_fault(what, WHERE, argv=argv, env=env, options=options(api_key),
-                            inject=inject, clients=load(api_key) if inject else None,
+        verdict = run_fault(what, WHERE, argv=argv, env=env, options=options(base, api_key),
+                            inject=inject, clients=load(base, api_key) if inject else None,
                             ready_timeout_s=READY_S + 60, **kw)  # fmt: skip
     except AssertionError as exc:  # never ready: the verdict says so, the run goes on
         say(f"{what}: no verdict: {str(exc)[-6000:]}")
         return {"what": what, "where": WHERE, "error": str(exc)[-3000:]}
-    time.sleep(2.0)
-    after = gpu_used()
-    verdict["gpu_used_after_minus_before"] = (
-        None if before is None or after is None else after - before
-    )
     say(f"{what}: exit {verdict['exit_code']}, detected {verdict['detected_s']} s, "
         f"left {verdict['leftover_processes']} processes")  # fmt: skip
     return verdict
@@ -166,11 +160,11 @@ def fault(what: str, inject, *, argv, env, api_key=None, **kw) -> dict:
 # --- the API key -------------------------------------------------------------------
 
 
-def key_check(server: Server, key: str) -> dict:
+def key_check(base: str, server: Server, key: str) -> dict:
     """401 without the key and with another, 200 with it; the key on no command line."""
 
     def status(headers: dict) -> int:
-        return httpx.get(f"{BASE}/v1/models", headers=headers, timeout=30).status_code
+        return httpx.get(f"{base}/v1/models", headers=headers, timeout=30).status_code
 
     shown = []
     for pid in [server.driver.pid, *server.tree]:
@@ -200,9 +194,9 @@ def pressure_kv_bytes(target: Target) -> tuple[int, dict]:
     return kv, cut["kv_capacity"]
 
 
-def cache_info(api_key: str) -> dict:
+def cache_info(base: str, api_key: str) -> dict:
     """vLLM's cache_config_info labels (its KV capacity as it counts it) and counters."""
-    text = httpx.get(f"{BASE}/metrics", timeout=30,
+    text = httpx.get(f"{base}/metrics", timeout=30,
                      headers={"Authorization": f"Bearer {api_key}"}).text  # fmt: skip
     info: dict = {}
     m = re.search(r"^vllm:cache_config_info\{([^}]*)\}", text, re.M)
@@ -222,11 +216,11 @@ def _num(text: str | None) -> float | None:
         return None
 
 
-def complete(prompt: list[int], api_key: str) -> dict:
+def complete(base: str, prompt: list[int], api_key: str) -> dict:
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": PRESSURE_TOKENS,
             "temperature": 0.0, "ignore_eos": True}  # fmt: skip
     try:
-        resp = httpx.post(f"{BASE}/v1/completions", json=body, timeout=600,
+        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=600,
                           headers={"Authorization": f"Bearer {api_key}"})  # fmt: skip
     except httpx.HTTPError as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -242,13 +236,13 @@ def host_available_low(stop: threading.Event, low: list[int]) -> None:
         time.sleep(0.2)
 
 
-def pool_pressure(api_key: str, planned: dict) -> dict:
+def pool_pressure(base: str, api_key: str, planned: dict) -> dict:
     """4 greedy requests at once whose K/V needs at least twice what vLLM allocated,
     then the same one at a time: all finish, with equal text, and no host OOM."""
     length = PRESSURE_LEN - PRESSURE_TOKENS - 8
     prompts = [[1000 + (7919 * (i + 1) * j) % 31000 for j in range(length)]
                for i in range(PRESSURE_REQUESTS)]  # fmt: skip
-    before = cache_info(api_key)
+    before = cache_info(base, api_key)
     capacity = before["kv_cache_size_tokens"]
     demand = PRESSURE_REQUESTS * (length + PRESSURE_TOKENS)
     low, stop = [psutil.virtual_memory().available], threading.Event()
@@ -257,7 +251,7 @@ def pool_pressure(api_key: str, planned: dict) -> dict:
     results: list[dict | None] = [None] * PRESSURE_REQUESTS
 
     def one(i: int) -> None:
-        results[i] = complete(prompts[i], api_key)
+        results[i] = complete(base, prompts[i], api_key)
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(PRESSURE_REQUESTS)]
@@ -267,8 +261,8 @@ def pool_pressure(api_key: str, planned: dict) -> dict:
         t.join(900)
     together_s = time.monotonic() - t0
     stop.set()
-    during = cache_info(api_key)
-    serial = [complete(p, api_key) for p in prompts]
+    during = cache_info(base, api_key)
+    serial = [complete(base, p, api_key) for p in prompts]
     equal = [bool(a and "text" in a and a.get("text") == b.get("text"))
              for a, b in zip(results, serial, strict=True)]  # fmt: skip
     return {
@@ -307,15 +301,16 @@ def key_pressure_sigterm(target: Target) -> tuple[dict, dict, dict]:
     seen: dict = {}
 
     def ready_checks(server: Server) -> dict:
-        seen["api_key"] = key_check(server, key)
+        seen["api_key"] = key_check(target.base, server, key)
         say(f"api key: {json.dumps(seen['api_key'])}")
-        seen["pool_pressure"] = pool_pressure(key, planned)
+        seen["pool_pressure"] = pool_pressure(target.base, key, planned)
         say(f"pressure: {json.dumps(seen['pool_pressure'])}")
         return {}
 
     verdict = fault(
         "SIGTERM to serve under load",
         lambda s: s.driver.send_signal(signal.SIGTERM),
+        base=target.base,
         argv=argv,
         env=env,
         api_key=key,
@@ -330,7 +325,7 @@ def sigstop(target: Target) -> dict:
     argv, env = target.command()
     verdict = fault("SIGSTOP of the engine core under load",
                     lambda s: os.kill(s.pid_of("EngineCore"), signal.SIGSTOP),
-                    argv=argv, env=env, bound_s=HANG_S + 90)  # fmt: skip
+                    base=target.base, argv=argv, env=env, bound_s=HANG_S + 90)  # fmt: skip
     verdict["hang_timeout_s"] = HANG_S
     return verdict
 
@@ -340,27 +335,30 @@ def port_taken(target: Target) -> dict:
     squatter = socket.socket()
     # past the last server's TIME_WAIT; vLLM's bind still fails while this one listens
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    squatter.bind(("127.0.0.1", PORT))
+    squatter.bind(("127.0.0.1", target.port))
     squatter.listen()
     try:
-        return fault("port taken between preflight and vLLM's bind", None, argv=argv,
-                     env=env, bound_s=READY_S)  # fmt: skip
+        return fault("port taken between preflight and vLLM's bind", None, base=target.base,
+                     argv=argv, env=env, bound_s=READY_S)  # fmt: skip
     finally:
         squatter.close()
 
 
 def table_truncated(target: Target) -> dict:
+    """On a table of its own (a copy prepared beside the table), which it truncates."""
+    ok("table prepare (the copy)", fx("table", "prepare", "--model", str(target.model),
+                                      "--out", str(target.table), "--force"))  # fmt: skip
     argv, env = target.command()
     verdict = fault(
         "PLE table truncated under the running server",
         lambda s: os.truncate(target.table, 0),
+        base=target.base,
         argv=argv,
         env=env,
         bound_s=120,
     )
-    target.table.unlink()  # ours, truncated: prepare refuses to overwrite what it cannot match
-    ok("table prepare (restore)", fx("table", "prepare", "--model", str(target.model),
-                                     "--out", str(target.table), "--force"))  # fmt: skip
+    for path in (target.table, target.table.with_name(target.table.name + ".json")):
+        path.unlink(missing_ok=True)  # the truncated copy and its manifest
     return verdict
 
 
@@ -394,12 +392,16 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ok("table", fx("table", "prepare", "--model", str(model), "--out", str(table), "--force"))
     facts = Path(ENV["FLASHNEXT_FACTS"]) if ENV.get("FLASHNEXT_FACTS") else None
-    target = Target(model, table, facts)
-    faults: list[dict] = []
-    sigterm, pressure, key = key_pressure_sigterm(target)
-    faults.append(sigterm)
-    for one in (sigstop, port_taken, table_truncated):
-        faults.append(one(target))
+    copy = table.with_name(f"{table.stem}-truncated{table.suffix}")
+    # side by side, a port each (and a table of its own for the one that truncates it):
+    # four cold starts in the time of one
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(key_pressure_sigterm, Target(model, table, facts, PORT))
+        rest = [pool.submit(one, Target(model, t, facts, PORT + i))
+                for i, (one, t) in enumerate(((sigstop, table), (port_taken, table),
+                                              (table_truncated, copy)), start=1)]  # fmt: skip
+        sigterm, pressure, key = first.result()
+        faults = [sigterm, *(f.result() for f in rest)]
     for f in faults:
         f.pop("log", None) if f.get("exit_code") in (0, 1) else None
     doc = {
