@@ -85,6 +85,17 @@ class Clients:
                 "completed": self.ended.count("completed"), "hung": hung}  # fmt: skip
 
 
+def driver_env() -> dict[str, str]:
+    """This environment with flashnext importable: the driver runs the supervisor, and
+    on the GPU host flashnext is this checkout's source, not an installed package (the
+    child's env, the plan's, is the config's and stays as it is)."""
+    import flashnext
+
+    src = str(Path(flashnext.__file__).resolve().parents[1])
+    path = [src, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -119,27 +130,35 @@ def run_fault(
     bound_s: float = 60.0,
     before_start: Callable[[], None] | None = None,
     on_ready: Callable[[Server], dict] | None = None,
+    log_path: Path | None = None,
 ) -> dict:
     """Start the supervisor, wait until ready (unless `inject` is None: a fault of the
     start), run `on_ready` (checks of the ready server, kept as the verdict's `on_ready`),
-    stream `n_clients` requests, inject, and judge what followed within `bound_s`."""
+    stream `n_clients` requests, inject, and judge what followed within `bound_s`.
+    `log_path`: the supervisor's output, appended as it comes (a run cut short keeps it)."""
     cfg = {"argv": argv, "env": env, "executable": executable, "options": options}
     if before_start:
         before_start()
     # The config goes by stdin: its env may hold an API key, which argv would show.
     driver = subprocess.Popen([sys.executable, str(DRIVER), "-"], stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)  # fmt: skip
+                              env=driver_env(), text=True)  # fmt: skip
     driver.stdin.write(json.dumps(cfg))
     driver.stdin.close()
     lines: list[tuple[float, str]] = []
     ready = threading.Event()
 
     def read() -> None:
+        log = open(log_path, "a") if log_path else None  # noqa: SIM115 (closed below)
         for line in driver.stderr:
             lines.append((time.monotonic(), line.rstrip("\n")))
+            if log:
+                log.write(line)
+                log.flush()
             if line.startswith("flashnext: ready:"):
                 ready.set()
+        if log:
+            log.close()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -147,9 +166,14 @@ def run_fault(
     tree: dict[int, str] = {}
     checked = None
     if inject is not None:
-        if not ready.wait(ready_timeout_s):
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.wait(0.5) and driver.poll() is None and time.monotonic() < deadline:
+            pass
+        if not ready.is_set():  # the supervisor gave up or died: no need to wait it out
             driver.kill()
-            raise AssertionError("not ready:\n" + "\n".join(x for _, x in lines))
+            reader.join(5)
+            raise AssertionError(f"not ready (supervisor exit {driver.poll()}):\n"
+                                 + "\n".join(x for _, x in lines))  # fmt: skip
         time.sleep(0.3)  # the supervisor lists the engine processes once ready
         tree = _tree(driver.pid)
         if on_ready is not None:

@@ -87,6 +87,9 @@ def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     assert port_taken["exit_code"] == 1 and "could not bind port" in port_taken["message"]
     assert table_fault["exit_code"] == 1
     assert "a table fault: the engine died after its PLE table" in table_fault["message"]
+    for name in ("sigterm", "sigstop", "port", "table"):  # written as each ended
+        assert json.loads((out / f"{name}.json").read_text())["what"]
+        assert "flashnext: " in (out / f"{name}.log").read_text()
     # the truncated table was a copy of its own, gone with its manifest; the table stays
     assert table.stat().st_size > 0 and not list(table.parent.glob("*-truncated*"))
 

@@ -26,8 +26,10 @@ to save device time. Writes OUT_DIR/faults-pp1-RUN.json; with --merge-into (or l
 with `merge`), adds its faults, `pool_pressure` and `api_key` to that soak results file
 (soak_pp3.py's).
 
-The four run side by side, each on its own port (PORT to PORT+3) and the truncated
-table a copy of its own, so the whole takes about one cold start.
+Each on its own port (PORT to PORT+3), the truncated table a copy of its own; one after
+the other, or side by side with PARALLEL=1. Each fault's supervisor output goes to
+OUT_DIR/NAME.log as it comes and its verdict to OUT_DIR/NAME.json once in (sigterm,
+sigstop, port, table).
 
 Env: PROFILE (h200-tiny), PORT (8010), READY_S (420: a cold PP=1 start), HANG_S (30),
 PRESSURE_LEN (8192), PRESSURE_FIT (1.3), PRESSURE_TOKENS (16: new tokens a request).
@@ -67,6 +69,11 @@ HANG_S = float(ENV.get("HANG_S", "30"))
 PRESSURE_LEN = int(ENV.get("PRESSURE_LEN", "8192"))
 PRESSURE_FIT = float(ENV.get("PRESSURE_FIT", "1.3"))
 PRESSURE_TOKENS = int(ENV.get("PRESSURE_TOKENS", "16"))
+# 1: the four starts side by side (a port each). Not the default: on a fresh H100
+# (run h2) three cold starts at once were not ready in 480 s, where one after the
+# other the later ones reuse the first one's Triton cache.
+PARALLEL = ENV.get("PARALLEL", "0") == "1"
+OUT = Path(".")  # main() sets it: where each fault's log and verdict go
 PRESSURE_REQUESTS = 4  # the profile's max_num_seqs: all four can be scheduled at once
 MODEL_NAME = "qwen3.8-flash-next"
 WHERE = "GPU PP=1"
@@ -142,16 +149,22 @@ def load(base: str, api_key: str | None = None) -> Clients:
     return Clients(f"{base}/v1/completions", body, api_key=api_key)
 
 
-def fault(what: str, inject, *, base, argv, env, api_key=None, **kw) -> dict:
-    """One start, one fault (the faults run side by side, each on its own port: the
-    leftover GPU bytes are NVML's for the server's own pids, fault_run.py)."""
+def fault(what: str, inject, *, name, base, argv, env, api_key=None, **kw) -> dict:
+    """One start, one fault: the supervisor's output in OUT/NAME.log as it comes, the
+    verdict in OUT/NAME.json as soon as it is in (a device call cut short keeps both).
+    Leftover GPU bytes are NVML's for the server's own pids (fault_run.py)."""
     try:
         verdict = run_fault(what, WHERE, argv=argv, env=env, options=options(base, api_key),
                             inject=inject, clients=load(base, api_key) if inject else None,
-                            ready_timeout_s=READY_S + 60, **kw)  # fmt: skip
+                            ready_timeout_s=READY_S + 60, log_path=OUT / f"{name}.log",
+                            **kw)  # fmt: skip
     except AssertionError as exc:  # never ready: the verdict says so, the run goes on
         say(f"{what}: no verdict: {str(exc)[-6000:]}")
-        return {"what": what, "where": WHERE, "error": str(exc)[-3000:]}
+        text = str(exc)  # its first line says why; then the supervisor's output
+        verdict = {"what": what, "where": WHERE, "error": text[:500] + "\n...\n" + text[-2500:]}
+    write_text_atomic(OUT / f"{name}.json", json.dumps(verdict, indent=2) + "\n")
+    if "error" in verdict:
+        return verdict
     say(f"{what}: exit {verdict['exit_code']}, detected {verdict['detected_s']} s, "
         f"left {verdict['leftover_processes']} processes")  # fmt: skip
     return verdict
@@ -310,6 +323,7 @@ def key_pressure_sigterm(target: Target) -> tuple[dict, dict, dict]:
     verdict = fault(
         "SIGTERM to serve under load",
         lambda s: s.driver.send_signal(signal.SIGTERM),
+        name="sigterm",
         base=target.base,
         argv=argv,
         env=env,
@@ -325,7 +339,8 @@ def sigstop(target: Target) -> dict:
     argv, env = target.command()
     verdict = fault("SIGSTOP of the engine core under load",
                     lambda s: os.kill(s.pid_of("EngineCore"), signal.SIGSTOP),
-                    base=target.base, argv=argv, env=env, bound_s=HANG_S + 90)  # fmt: skip
+                    name="sigstop", base=target.base, argv=argv, env=env,
+                    bound_s=HANG_S + 90)  # fmt: skip
     verdict["hang_timeout_s"] = HANG_S
     return verdict
 
@@ -338,8 +353,8 @@ def port_taken(target: Target) -> dict:
     squatter.bind(("127.0.0.1", target.port))
     squatter.listen()
     try:
-        return fault("port taken between preflight and vLLM's bind", None, base=target.base,
-                     argv=argv, env=env, bound_s=READY_S)  # fmt: skip
+        return fault("port taken between preflight and vLLM's bind", None, name="port",
+                     base=target.base, argv=argv, env=env, bound_s=READY_S)  # fmt: skip
     finally:
         squatter.close()
 
@@ -352,6 +367,7 @@ def table_truncated(target: Target) -> dict:
     verdict = fault(
         "PLE table truncated under the running server",
         lambda s: os.truncate(target.table, 0),
+        name="table",
         base=target.base,
         argv=argv,
         env=env,
@@ -387,15 +403,17 @@ def main(argv: list[str]) -> int:
     if len(args) != 4:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    global OUT
     model, table, out = (Path(a).resolve() for a in args[:3])
     run = args[3]
     out.mkdir(parents=True, exist_ok=True)
+    OUT = out
     ok("table", fx("table", "prepare", "--model", str(model), "--out", str(table), "--force"))
     facts = Path(ENV["FLASHNEXT_FACTS"]) if ENV.get("FLASHNEXT_FACTS") else None
     copy = table.with_name(f"{table.stem}-truncated{table.suffix}")
-    # side by side, a port each (and a table of its own for the one that truncates it):
-    # four cold starts in the time of one
-    with ThreadPoolExecutor(4) as pool:
+    # a port each (and a table of its own for the one that truncates it): side by side
+    # with PARALLEL=1, else one after the other in this order
+    with ThreadPoolExecutor(4 if PARALLEL else 1) as pool:
         first = pool.submit(key_pressure_sigterm, Target(model, table, facts, PORT))
         rest = [pool.submit(one, Target(model, t, facts, PORT + i))
                 for i, (one, t) in enumerate(((sigstop, table), (port_taken, table),
@@ -425,6 +443,8 @@ def main(argv: list[str]) -> int:
         and (pressure.get("demand_over_capacity") or 0) >= 2
         and all(f.get("leftover_processes") == 0 for f in faults)
         and [f.get("exit_code") for f in faults] == [0, 1, 1, 1]
+        and all(said in f.get("message", "") for f, said in zip(faults[1:], (
+            "the engine is hung", "could not bind port", "a table fault"), strict=True))
     )  # fmt: skip
     say(f"{'PASSED' if good else 'FAILED'}: {out / f'faults-pp1-{run}.json'}")
     return 0 if good else 1
