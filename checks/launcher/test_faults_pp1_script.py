@@ -7,20 +7,18 @@ patched vLLM at PP=1."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from h200_tiny_facts import write_h200_facts
 from test_serve_tiny_script import skeleton_with_table
-from vllm_env_fixtures import checkout_stamp, write_vllm_tree
+from test_soak_pp3_script import gpu_host_env
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "checks" / "gpu" / "soak" / "faults_pp1.py"
 sys.path.insert(0, str(REPO / "checks" / "fixtures" / "standin_vllm"))
-from harness import STANDIN_DIR, free_port  # noqa: E402
+from harness import free_port  # noqa: E402
 
 FAULT_KEYS = {"what", "where", "detected_s", "exit_code", "message", "leftover_processes",
               "leftover_gpu_bytes"}  # fmt: skip
@@ -46,17 +44,11 @@ def _free(port: int) -> bool:
 
 def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     model, table = skeleton_with_table(tmp_path, "tiny")
-    patched = tmp_path / "patched"
-    write_vllm_tree(patched, stamp=checkout_stamp())  # as `. KIT/env-patched.sh` would
     port = four_free_ports()
-    facts = write_h200_facts(tmp_path / "facts.json", model, table, port)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "FLASHNEXT_"))}
-    env.pop("VLLM_API_KEY", None)
-    env.update(
-        PATH=os.pathsep.join([str(STANDIN_DIR), env["PATH"]]), PYTHONPATH=str(patched),
-        PORT=str(port), READY_S="30", HANG_S="2", PRESSURE_LEN="2048", PRESSURE_TOKENS="4",
-        FLASHNEXT_FACTS=str(facts), STANDIN_PP_WORKERS="1", STANDIN_ENGINE_STEPS="1",
-        STANDIN_TOKEN_INTERVAL_S="0.02", STANDIN_KV_CACHE_TOKENS="3000",
+    env = gpu_host_env(
+        tmp_path, model, table, port, READY_S="30", HANG_S="2", PRESSURE_LEN="2048",
+        PRESSURE_TOKENS="4", STANDIN_ENGINE_STEPS="1", STANDIN_TOKEN_INTERVAL_S="0.02",
+        STANDIN_KV_CACHE_TOKENS="3000",
     )  # fmt: skip
     soak = tmp_path / "soak-t1.json"
     soak.write_text(json.dumps({"faults": [{"what": "SIGKILL", "where": "GPU PP=3"}]}))

@@ -26,20 +26,28 @@ FAULT_KEYS = {"what", "where", "detected_s", "exit_code", "message", "leftover_p
               "leftover_gpu_bytes"}  # fmt: skip
 
 
-def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
-    model, table = skeleton_with_table(tmp_path, "tiny12", num_hidden_layers=12)
+def gpu_host_env(tmp_path, model, table, port: int, **more: str) -> dict[str, str]:
+    """What a GPU harness sees on the lent host, here: the stand-in `vllm` first on PATH,
+    a patched vLLM tree on PYTHONPATH (as `. KIT/env-patched.sh` puts the kit's) and
+    replayed H200 facts; nothing of this process's STANDIN_/FLASHNEXT_ settings."""
     patched = tmp_path / "patched"
-    write_vllm_tree(patched, stamp=checkout_stamp())  # as `. KIT/env-patched.sh` would
-    port = free_port()
+    write_vllm_tree(patched, stamp=checkout_stamp())
     facts = write_h200_facts(tmp_path / "facts.json", model, table, port)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "FLASHNEXT_"))}
     env.pop("VLLM_API_KEY", None)
-    env.update(
-        PATH=os.pathsep.join([str(STANDIN_DIR), env["PATH"]]), PYTHONPATH=str(patched),
-        PORT=str(port), SOAK_S="3", IDLE_S="2", SOAK_INTERVAL_S="1", STARTUP_S="30",
-        FLASHNEXT_FACTS=str(facts),
-        RESULTS_DIR=str(tmp_path / "results"), VLLM_PROCESS_NAME_PREFIX=f"SOAK{port}",
-        STANDIN_PP_WORKERS="1", STANDIN_TOKEN_INTERVAL_S="0.01",
+    env.update(PATH=os.pathsep.join([str(STANDIN_DIR), env["PATH"]]), PYTHONPATH=str(patched),
+               PORT=str(port), FLASHNEXT_FACTS=str(facts), STANDIN_PP_WORKERS="1",
+               **more)  # fmt: skip
+    return env
+
+
+def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
+    model, table = skeleton_with_table(tmp_path, "tiny12", num_hidden_layers=12)
+    port = free_port()
+    env = gpu_host_env(
+        tmp_path, model, table, port, SOAK_S="3", IDLE_S="2", SOAK_INTERVAL_S="1",
+        STARTUP_S="30", RESULTS_DIR=str(tmp_path / "results"),
+        VLLM_PROCESS_NAME_PREFIX=f"SOAK{port}", STANDIN_TOKEN_INTERVAL_S="0.01",
     )  # fmt: skip
     out = tmp_path / "out"
     argv = [sys.executable, str(SCRIPT), str(model), str(table), str(out), "t1"]
