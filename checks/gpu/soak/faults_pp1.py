@@ -69,9 +69,9 @@ HANG_S = float(ENV.get("HANG_S", "30"))
 PRESSURE_LEN = int(ENV.get("PRESSURE_LEN", "8192"))
 PRESSURE_FIT = float(ENV.get("PRESSURE_FIT", "1.3"))
 PRESSURE_TOKENS = int(ENV.get("PRESSURE_TOKENS", "16"))
-# 1: the four starts side by side (a port each). Not the default: on a fresh H100
-# (run h2) three cold starts at once were not ready in 480 s, where one after the
-# other the later ones reuse the first one's Triton cache.
+# 1: the four starts side by side (a port each). Not the default: one after the other
+# the later starts reuse the first one's Triton cache; side by side each compiles the
+# same kernels at once (not measured on the lent host: run h2 died before it could).
 PARALLEL = ENV.get("PARALLEL", "0") == "1"
 OUT = Path(".")  # main() sets it: where each fault's log and verdict go
 PRESSURE_REQUESTS = 4  # the profile's max_num_seqs: all four can be scheduled at once
