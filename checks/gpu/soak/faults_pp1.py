@@ -420,8 +420,9 @@ def main(argv: list[str]) -> int:
                                               (table_truncated, copy)), start=1)]  # fmt: skip
         sigterm, pressure, key = first.result()
         faults = [sigterm, *(f.result() for f in rest)]
-    for f in faults:
-        f.pop("log", None) if f.get("exit_code") in (0, 1) else None
+    for f in faults:  # the log tail stays only where the verdict is not 0 or 1
+        if f.get("exit_code") in (0, 1):
+            f.pop("log", None)
     doc = {
         "run": run,
         "setup": "our pinned vLLM 0.33.0 (patched, the kit) on the host's torch 2.11, the "
