@@ -176,15 +176,15 @@ def run_fault(
                                  + "\n".join(x for _, x in lines))  # fmt: skip
         time.sleep(0.3)  # the supervisor lists the engine processes once ready
         tree = _tree(driver.pid)
-        if on_ready is not None:
-            checked = on_ready(Server(driver, tree))
-        if clients is not None:
-            clients.start(n_clients)
-            time.sleep(1.0)  # streaming
-        t0 = time.monotonic()
         try:
+            if on_ready is not None:
+                checked = on_ready(Server(driver, tree))
+            if clients is not None:
+                clients.start(n_clients)
+                time.sleep(1.0)  # streaming
+            t0 = time.monotonic()
             inject(Server(driver, tree))
-        except Exception as exc:  # a fault that cannot be injected: no verdict, no leftovers
+        except Exception as exc:  # checks or a fault that failed: no verdict, no leftovers
             _stop(driver, tree)
             log = "\n".join(x for _, x in lines)
             raise AssertionError(f"could not inject: {exc}\n{log}") from exc

@@ -311,14 +311,13 @@ def key_pressure_sigterm(target: Target) -> tuple[dict, dict, dict]:
                                "--kv-cache-memory-bytes", str(kv))  # fmt: skip
     key = secrets.token_hex(24)
     env = {**env, "VLLM_API_KEY": key}  # as serve hands it (serve.supervise keeps it)
-    seen: dict = {}
 
     def ready_checks(server: Server) -> dict:
-        seen["api_key"] = key_check(target.base, server, key)
-        say(f"api key: {json.dumps(seen['api_key'])}")
-        seen["pool_pressure"] = pool_pressure(target.base, key, planned)
-        say(f"pressure: {json.dumps(seen['pool_pressure'])}")
-        return {}
+        checked = {"api_key": key_check(target.base, server, key)}
+        say(f"api key: {json.dumps(checked['api_key'])}")
+        checked["pool_pressure"] = pool_pressure(target.base, key, planned)
+        say(f"pressure: {json.dumps(checked['pool_pressure'])}")
+        return checked
 
     verdict = fault(
         "SIGTERM to serve under load",
@@ -331,8 +330,8 @@ def key_pressure_sigterm(target: Target) -> tuple[dict, dict, dict]:
         on_ready=ready_checks,
         bound_s=90,
     )
-    verdict.pop("on_ready", None)
-    return verdict, seen.get("pool_pressure") or {"error": "not run"}, seen.get("api_key") or {}
+    checked = verdict.pop("on_ready", {})
+    return verdict, checked.get("pool_pressure") or {"error": "not run"}, checked.get("api_key", {})
 
 
 def sigstop(target: Target) -> dict:

@@ -27,7 +27,8 @@ is allocated and must be checked against the first GPU soak (checks/gpu/soak).
   the caches that scale with the process (the tokenizer's, the detokenizer's).
   A leak of 10 KiB per request passes it after ~26 000 requests: a soak of hours
   catches such a leak, one of minutes catches a leak of ~1 MiB per request.
-- **pinned** (VmPin summed over the tree): exactly equal. The QSA host pools are
+- **pinned** (VmPin plus the QSA pools' mappings, summed over the tree:
+  facts/server_usage.py): exactly equal. The QSA host pools are
   sized by the plan and pinned once at startup; nothing pins per request. Any pinned
   byte more after idle is a new pin that was not released: growth.
 - **gpu** (NVML: the memory it attributes to the server's processes, where it sees

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flashnext.atomic import write_atomic
+from flashnext.tools import growth
 
 GIB = float(1 << 30)
 
@@ -55,9 +56,10 @@ def render_png(result: dict[str, Any]) -> bytes:
     samples = result["samples"]
     ts = [s["t_s"] for s in samples]
     drew = False
+    gpu = growth.gpu_field(samples)  # the reading the growth judge uses
     for key, label in (
         ("rss_bytes", "server RSS"),
-        ("gpu_used_bytes", "GPU used"),
+        (gpu, "GPU (server's processes)" if gpu == "gpu_tree_bytes" else "GPU used (device)"),
         ("pinned_bytes", "pinned (VmPin + QSA pools)"),
     ):
         pts = [
