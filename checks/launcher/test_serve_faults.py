@@ -5,6 +5,8 @@ vLLM binds it. Each ends in a verdict in the results contract's `faults` shape."
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -161,3 +163,29 @@ def test_progress_is_judged_only_while_work_is_in_flight(readings, hung_at):
     verdicts = [prog.update(r, float(t)) for t, r in enumerate(readings)]
     first = next((i for i, v in enumerate(verdicts) if v), None)
     assert first == hung_at, verdicts
+
+
+def test_stat_table_never_opens_or_blocks_on_a_hostile_table_path(tmp_path):
+    from flashnext.serve import stat_table
+
+    def argv(path) -> list[str]:
+        return ["vllm", "serve", "/m", "--engram-config", json.dumps({"mmap_path": str(path)})]
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # stat only: a FIFO as the table must not block the supervisor
+    assert stat_table(argv(fifo)).error is None
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert stat_table(argv(loop)).error.startswith("unreadable (")
+    assert stat_table(argv(tmp_path / "gone")).error == "missing"
+    assert stat_table(["vllm", "serve", "/m"]) is None  # no table in argv
+    assert stat_table(["vllm", "serve", "--engram-config", "{not json"]) is None
+    # a table replaced under the server by a loop reads as a change, not a crash
+    real = tmp_path / "ple.bin"
+    real.write_bytes(b"x" * 4096)
+    before = stat_table(argv(real))
+    real.unlink()
+    real.symlink_to(real)
+    assert serve_faults.table_change(before, stat_table(argv(real))).startswith(
+        "it is now unreadable ("
+    )
