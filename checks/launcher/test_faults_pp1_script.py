@@ -59,6 +59,7 @@ def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((out / "faults-pp1-t1.json").read_text())
     assert "PP=1 on one GPU" in doc["setup"] and "torch 2.11" in doc["setup"]
+    assert doc["card"].keys() >= {"name", "memory_total_bytes", "source"}  # which card ran
 
     key = doc["api_key"]
     assert (key["without_key"], key["other_key"], key["with_key"]) == (401, 401, 200)
@@ -94,3 +95,22 @@ def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     merge = [sys.executable, str(SCRIPT), "merge", str(out / "faults-pp1-t1.json"), str(later)]
     subprocess.run(merge, env=env, check=True, timeout=60)
     assert json.loads(later.read_text()) == merged
+
+
+def test_a_refused_plan_is_named_by_its_failed_checks(tmp_path):
+    """Run h3's faults, started beside the PP=3 soak, stopped at `serve --dry-run`: the
+    card held another server's processes (preflight's gpu.idle). The harness printed
+    only the report's tail, which never holds the failed check; now it names it."""
+    model, table = skeleton_with_table(tmp_path, "tiny")
+    env = gpu_host_env(tmp_path, model, table, free_port())
+    facts = json.loads(Path(env["FLASHNEXT_FACTS"]).read_text())
+    facts["gpu"]["devices"][0]["processes"] = [
+        {"pid": 4242, "used_memory_bytes": 7 << 30, "name": "VLLM::Worker_PP0"}
+    ]
+    Path(env["FLASHNEXT_FACTS"]).write_text(json.dumps(facts))
+    argv = [sys.executable, str(SCRIPT), str(model), str(table), str(tmp_path / "out"), "t2"]
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "serve --dry-run failed" in proc.stderr, proc.stderr
+    assert "gpu0.idle: " in proc.stderr and "kill 4242" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

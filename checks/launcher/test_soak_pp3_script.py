@@ -57,6 +57,7 @@ def test_the_gpu_soak_harness_runs_end_to_end_on_the_standin(tmp_path):
     assert doc == json.loads((out / "soak-t1.json").read_text())
     assert doc.keys() >= CONTRACT
     assert doc["pp_size"] == 3 and doc["emulated"] is True
+    assert doc["card"].keys() >= {"name", "memory_total_bytes", "source"}  # which card ran
     assert "PP=3 emulated on one GPU" in doc["setup"] and "torch 2.11" in doc["setup"]
     assert doc["lost"] == 0 and doc["requests"] > 0
     assert sum(doc["outcomes"].values()) == doc["requests"]

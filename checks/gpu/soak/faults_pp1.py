@@ -58,6 +58,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 sys.path.insert(0, str(REPO / "checks" / "faults"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "common"))
+from card import card as card_now  # noqa: E402
 from fault_run import Clients, Server, run_fault  # noqa: E402
 from flashnext.atomic import write_text_atomic  # noqa: E402
 
@@ -91,10 +93,22 @@ def fx(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, cwd=REPO)  # fmt: skip
 
 
+def failed_findings(stdout: str) -> str:
+    """The failed checks of a `--json` report, one line each; "" when there is none to
+    read. (Run h3 printed only the report's tail, which never holds the findings.)"""
+    try:
+        findings = json.loads(stdout).get("findings") or []
+    except (ValueError, AttributeError):
+        return ""
+    return "\n".join(f"  {f.get('id')}: {f.get('message')} (fix: {f.get('fix')})"
+                     for f in findings if f.get("level") == "fail")  # fmt: skip
+
+
 def ok(name: str, proc: subprocess.CompletedProcess) -> str:
     if proc.returncode != 0:
+        said = failed_findings(proc.stdout) or proc.stdout[-3000:]
         raise SystemExit(f"faults-pp1: {name} failed (exit {proc.returncode}):\n"
-                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")  # fmt: skip
+                         f"{said}\n{proc.stderr[-3000:]}")  # fmt: skip
     return proc.stdout
 
 
@@ -428,6 +442,7 @@ def main(argv: list[str]) -> int:
         f"tiny checkpoint, profile {PROFILE}, PP=1 on one GPU, the QSA offload as the "
         f"profile plans it; the supervisor's hang bound {HANG_S:g} s (serve's is 120 s)",
         "command": f"HANG_S={HANG_S:g} checks/gpu/soak/faults_pp1.py MODEL TABLE OUT {run}",
+        "card": card_now(),  # which card ran: an H200 call may get an H100
         "api_key": key,
         "pool_pressure": pressure,
         "faults": faults,

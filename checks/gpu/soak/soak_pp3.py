@@ -38,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "launcher" / "src"))
 sys.path.insert(0, str(REPO / "checks" / "faults"))
+sys.path.insert(0, str(REPO / "checks" / "gpu" / "common"))
+from card import card as card_now  # noqa: E402
 from fault_run import Clients, alive, gpu_bytes_of  # noqa: E402
 from flashnext.atomic import write_text_atomic  # noqa: E402
 from flashnext.facts import server_usage  # noqa: E402
@@ -326,6 +328,7 @@ def results(run: str, soak: dict, memory: dict, verdict: dict) -> dict:
         "setup": "our pinned vLLM 0.33.0 (patched, the kit) on the host's torch 2.11, the tiny "
         f"checkpoint, profile {PROFILE}, MTP K={MTP}, the QSA offload as the profile plans it; "
         + ("PP=3 emulated on one GPU" if EMULATED else "PP=3 on three GPUs"),
+        "card": card_now(),  # which card ran: an H200 call may get an H100
         "pp_size": 3,
         "emulated": EMULATED,
         "duration_s": soak.get("duration_s"),
