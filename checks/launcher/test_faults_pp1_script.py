@@ -25,7 +25,7 @@ FAULT_KEYS = {"what", "where", "detected_s", "exit_code", "message", "leftover_p
 
 
 def four_free_ports() -> int:
-    """A port with the three above it free too: the faults run side by side."""
+    """A port with the three above it free too: each fault has a port of its own."""
     for _ in range(50):
         port = free_port()
         if port + 3 < 65536 and all(_free(port + i) for i in range(1, 4)):
@@ -89,7 +89,8 @@ def test_the_gpu_faults_harness_runs_end_to_end_on_the_standin(tmp_path):
     merged = json.loads(soak.read_text())
     assert [f["where"] for f in merged["faults"]] == ["GPU PP=3"] + ["GPU PP=1"] * 4
     assert merged["pool_pressure"] == pressure and merged["api_key"] == key
-    # the same merge later, from the faults file (the campaign runs both at once)
+    assert merged["faults_run"] == "t1" and merged["faults_card"] == doc["card"]
+    # the same merge later, from the faults file (as the campaign does after the soak)
     later = tmp_path / "soak-later.json"
     later.write_text(json.dumps({"faults": [{"what": "SIGKILL", "where": "GPU PP=3"}]}))
     merge = [sys.executable, str(SCRIPT), "merge", str(out / "faults-pp1-t1.json"), str(later)]

@@ -27,9 +27,10 @@ with `merge`), adds its faults, `pool_pressure` and `api_key` to that soak resul
 (soak_pp3.py's).
 
 Each on its own port (PORT to PORT+3), the truncated table a copy of its own; one after
-the other, or side by side with PARALLEL=1. Each fault's supervisor output goes to
-OUT_DIR/NAME.log as it comes and its verdict to OUT_DIR/NAME.json once in (sigterm,
-sigstop, port, table).
+the other, never side by side: each start's `serve --dry-run` refuses a card that another
+server's processes hold (preflight's gpu.idle, as run h3 showed). Each fault's
+supervisor output goes to OUT_DIR/NAME.log as it comes and its verdict to
+OUT_DIR/NAME.json once in (sigterm, sigstop, port, table).
 
 Env: PROFILE (h200-tiny), PORT (8010), READY_S (420: a cold PP=1 start), HANG_S (30),
 PRESSURE_LEN (8192), PRESSURE_FIT (1.3), PRESSURE_TOKENS (16: new tokens a request).
@@ -49,7 +50,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -71,10 +71,6 @@ HANG_S = float(ENV.get("HANG_S", "30"))
 PRESSURE_LEN = int(ENV.get("PRESSURE_LEN", "8192"))
 PRESSURE_FIT = float(ENV.get("PRESSURE_FIT", "1.3"))
 PRESSURE_TOKENS = int(ENV.get("PRESSURE_TOKENS", "16"))
-# 1: the four starts side by side (a port each). Not the default: one after the other
-# the later starts reuse the first one's Triton cache; side by side each compiles the
-# same kernels at once (not measured on the lent host: run h2 died before it could).
-PARALLEL = ENV.get("PARALLEL", "0") == "1"
 OUT = Path(".")  # main() sets it: where each fault's log and verdict go
 PRESSURE_REQUESTS = 4  # the profile's max_num_seqs: all four can be scheduled at once
 MODEL_NAME = "qwen3.8-flash-next"
@@ -393,13 +389,16 @@ def table_truncated(target: Target) -> dict:
 
 def merge_into(doc: dict, soak_path: Path) -> None:
     """The soak's results file (soak_pp3.py's) with these faults, the pool under
-    pressure and the key check added; faults of an earlier PP=1 merge replaced."""
+    pressure and the key check added, and the run and card they came from; faults of an
+    earlier PP=1 merge replaced."""
     soak = json.loads(soak_path.read_text())
     soak["faults"] = [f for f in soak.get("faults", []) if f.get("where") != WHERE]
     soak["faults"] += doc["faults"]
     soak["pool_pressure"] = doc["pool_pressure"]
     soak["api_key"] = doc["api_key"]
     soak["faults_command"] = doc["command"]
+    # a later session may run them on another machine than the soak's (run h3's were refused)
+    soak["faults_run"], soak["faults_card"] = doc.get("run"), doc.get("card")
     write_text_atomic(soak_path, json.dumps(soak, sort_keys=True, indent=2) + "\n")
 
 
@@ -424,15 +423,11 @@ def main(argv: list[str]) -> int:
     ok("table", fx("table", "prepare", "--model", str(model), "--out", str(table), "--force"))
     facts = Path(ENV["FLASHNEXT_FACTS"]) if ENV.get("FLASHNEXT_FACTS") else None
     copy = table.with_name(f"{table.stem}-truncated{table.suffix}")
-    # a port each (and a table of its own for the one that truncates it): side by side
-    # with PARALLEL=1, else one after the other in this order
-    with ThreadPoolExecutor(4 if PARALLEL else 1) as pool:
-        first = pool.submit(key_pressure_sigterm, Target(model, table, facts, PORT))
-        rest = [pool.submit(one, Target(model, t, facts, PORT + i))
-                for i, (one, t) in enumerate(((sigstop, table), (port_taken, table),
-                                              (table_truncated, copy)), start=1)]  # fmt: skip
-        sigterm, pressure, key = first.result()
-        faults = [sigterm, *(f.result() for f in rest)]
+    # one after the other (see above), a port each and the truncation on a table of its own
+    sigterm, pressure, key = key_pressure_sigterm(Target(model, table, facts, PORT))
+    rest = ((sigstop, table), (port_taken, table), (table_truncated, copy))
+    faults = [sigterm] + [one(Target(model, t, facts, PORT + i))
+                          for i, (one, t) in enumerate(rest, start=1)]  # fmt: skip
     for f in faults:  # the log tail stays only where the verdict is not 0 or 1
         if f.get("exit_code") in (0, 1):
             f.pop("log", None)
