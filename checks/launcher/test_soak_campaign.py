@@ -22,7 +22,8 @@ RECORDER = r"""#!/usr/bin/env bash
 echo "start $(basename "$1") ${2:-}" >> "$CALLS"
 case "$(basename "$1")" in
   tiny_model.py) [ -n "${FAIL_TINY:-}" ] && exit 3; mkdir -p "$2" && touch "$2/config.json" ;;
-  soak_pp3.py) sleep 1; mkdir -p "$RESULTS_DIR" && echo '{}' > "$RESULTS_DIR/soak-$5.json" ;;
+  soak_pp3.py) sleep 1; mkdir -p "$RESULTS_DIR" && echo '{}' > "$RESULTS_DIR/soak-$5.json"
+    [ -n "${FAIL_SOAK:-}" ] && exit 1 ;;
   faults_pp1.py) [ "$2" = merge ] || { mkdir -p "$4" && echo '{}' > "$4/faults-pp1-$5.json"; } ;;
 esac
 echo "end $(basename "$1")" >> "$CALLS"
@@ -101,3 +102,12 @@ def test_poll_stops_when_the_campaign_is_gone_without_its_done(tmp_path):
                           text=True)  # fmt: skip
     assert time.monotonic() - begun < 15
     assert "campaign: died without DONE" in poll.stdout
+
+
+def test_a_failed_half_still_lets_the_other_run_and_the_campaign_says_it_failed(tmp_path):
+    env = kit(tmp_path)
+    assert campaign(env, FAIL_SOAK="1").returncode == 1
+    assert "start faults_pp1.py " + env["WORK"] + "/pp1/tiny" in calls(env)
+    camp = Path(env["CAMP"])
+    assert (camp / "DONE").read_text().strip() == "1"
+    assert "soak_pp3 rc=1" in (camp / "log").read_text()
